@@ -194,8 +194,9 @@ class RowPassSpec:
     #: Outputs written transposed: a block for ``rows`` goes to ``out[:, rows] = block.T``.
     transposed_outputs: tuple[str, ...] = ()
     #: Per input: the power of two ``e`` its strips are divided by as they are read (``x 2^-e``,
-    #: exact; :mod:`blocklin.linalg.blocks.scaling`), 0 for none.
-    scale: tuple[int, ...] | None = None
+    #: exact; :mod:`blocklin.linalg.blocks.scaling`), 0 for none; a tuple of one power per column of
+    #: the streamed orientation for a right-hand side whose columns lie far apart.
+    scale: tuple[int | tuple[int, ...], ...] | None = None
     #: Per input: whether the task records the largest magnitude it read (``peaks``): of each column
     #: where ``columns`` says so, else of the whole input (every entry of ``peaks`` that one value).
     amax: tuple[bool, ...] | None = None
@@ -268,6 +269,15 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     return pass_workers(plan, device or job.device)
 
 
+def strip_exponent(e: Any) -> int | tuple[int, ...]:
+    """A source's power of two for :attr:`RowPassSpec.scale`: one ``int``, or one per column (a tuple) where
+    they differ; equal ones give the one ``int`` (the bits of a pass scaled by one power)."""
+    if np.ndim(e) == 0:
+        return int(e)
+    cols = tuple(int(v) for v in np.asarray(e).ravel())
+    return cols[0] if cols and len(set(cols)) == 1 else cols
+
+
 def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict | None = None, *,
              plan: RowPassPlan | None = None, outputs: Sequence[tuple[str, str]] = (),
              transposed_outputs: Sequence[str] = (), check_finite: bool | None = None, over: str = "a",
@@ -297,7 +307,8 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         For a kernel that runs on any device: where this pass runs (default: the job's device).
     scale : dict, optional
         ``{path: e}``: the strips of that source are multiplied by ``2^-e`` as they are read (exact,
-        never a scaled copy on disk; :mod:`blocklin.linalg.blocks.scaling`). The largest magnitude of each
+        never a scaled copy on disk; :mod:`blocklin.linalg.blocks.scaling`); ``e`` a tuple: column ``j``
+        of the streamed orientation by ``2^-e[j]``. The largest magnitude of each
         operand input read for the first time in the job is recorded in ``job.amax[path]`` (and of
         each column of the streamed orientation in ``job.peaks[path]``).
     peaks : bool
@@ -335,7 +346,7 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        outputs=tuple(outputs), init=kernel.init,  # type: ignore[attr-defined]
                        blas_threads=job.task_blas_threads(plan.blas_threads),
                        transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs),
-                       scale=tuple(int((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
+                       scale=tuple(strip_exponent((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
                        amax=tuple(peaks and over != "intermediate" and str(s.path) not in job.amax for s in sources),
                        columns=tuple(str(s.path) in job.column_peaks for s in sources),
                        offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
@@ -630,10 +641,11 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             if p is not None:
                 with lock:
                     peaks[j] = p if peaks[j] is None else _max_nan([peaks[j], p])
+            e = -np.asarray(scale[j], dtype=np.int64) if isinstance(scale[j], tuple) else -scale[j]
             if scale[j] and v.flags.writeable and np.may_share_memory(v, buf):
-                ldexp(v, -scale[j], out=v)  # the task's own read buffer
+                ldexp(v, e, out=v)  # the task's own read buffer (a per-column e broadcasts over its rows)
             elif scale[j]:
-                v = ldexp(v, -scale[j])
+                v = ldexp(v, e)
             nbytes[0] += v.nbytes
             views.append(v)
         return tuple(views)

@@ -57,6 +57,23 @@ def exponent_for(amax: float, dtype: Any) -> int:
     return int(np.frexp(amax)[1])
 
 
+def column_exponents_for(peaks: Any, e: int, dtype: Any) -> np.ndarray | None:
+    """One power of two per column (each column's largest entry ``/ 2^e_j`` in ``[0.5, 1)``; ``e`` for a
+    column of zeros, NaN or Inf) where the one power ``2^-e`` takes some nonzero column's largest entry
+    below ``tiny * 2^nmant`` of ``dtype`` (:func:`narrow_range`: from there down a column keeps fewer than
+    its bits, or is flushed to 0); None where ``2^-e`` keeps every column (the bits of one power)."""
+    if peaks is None or np.size(peaks) < 2:
+        return None
+    p = np.asarray(peaks, dtype=np.float64).ravel()
+    dt = np.dtype(dtype) if np.dtype(dtype).kind in "fc" else np.dtype(np.float64)
+    ok = np.isfinite(p) & (p > 0)
+    with np.errstate(under="ignore"):
+        lost = ok & (np.ldexp(np.where(ok, p, 0.0), -int(e)) < narrow_range(dt)[0])
+    if not lost.any():
+        return None
+    return np.where(ok, np.frexp(np.where(ok, p, 1.0))[1], int(e)).astype(np.int64)
+
+
 def scale(x: Any, e: int) -> Any:
     """``x * 2^-e`` (exact), keeping the dtype; ``x`` itself when ``e == 0``."""
     if not e:
@@ -106,6 +123,13 @@ class Scaling(_Power):
     #: The operation that cannot compute with NaN or Inf (``"svd"``, ``"eigsh"``): :meth:`learn` refuses
     #: a non-finite ``max |a|`` for it (:func:`refuse_nonfinite`); ``None``: NaN and Inf propagate
     finite_for: str | None = dataclasses.field(default=None, compare=False)
+    #: A right-hand side solved column by column (each column of ``x`` its own problem): where the one
+    #: power ``2^-e`` would take a column's largest entry below the range its precision needs
+    #: (:func:`blocklin.linalg.blocks.result_range.refuse_flushed_rhs` refused those), each column is
+    #: divided by its own power, :attr:`columns` (learned from the first pass's column peaks: the
+    #: caller adds the path to ``job.column_peaks``)
+    per_column: bool = dataclasses.field(default=False, compare=False)
+    columns: np.ndarray | None = None
 
     @classmethod
     def of(cls, src: Any, dtype: Any, finite_for: str | None = None) -> Scaling:
@@ -114,15 +138,25 @@ class Scaling(_Power):
 
     def params(self) -> dict[str, int]:
         """``run_pass(..., scale=...)`` for this operand (empty before it is known)."""
+        if self.columns is not None:
+            return {self.path: tuple(int(v) for v in self.columns)}
         return {self.path: self.e} if self.e else {}
 
+    @property
+    def column_exponents(self) -> Any:
+        """The power each column was divided by: :attr:`columns`, else the one ``exponent``."""
+        return self.columns if self.columns is not None else self.exponent
+
     def learn(self, job: Any) -> int:
-        """Set ``e`` from ``job.amax`` (the first pass's record); the exponent."""
+        """Set ``e`` from ``job.amax`` (the first pass's record), and :attr:`columns` where they are
+        wanted and needed (:func:`column_exponents_for`); the exponent."""
         if self.e is None:
             self.amax = float(job.amax.get(self.path, 0.0))
             if self.finite_for:
                 refuse_nonfinite(self.amax, self.finite_for)
             self.e = exponent_for(self.amax, self.dtype)
+            if self.per_column and self.e:
+                self.columns = column_exponents_for(job.peaks.get(self.path), self.e, self.dtype)
         return self.e
 
     def run(self, job: Any, run: Callable[[dict[str, int]], T], *, others: tuple[Scaling, ...] = ()) -> T:

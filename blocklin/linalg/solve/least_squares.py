@@ -55,6 +55,11 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                       scoring=scoring, folds=folds, L=L)
     ctx.sa = Scaling.of(source(A), A.dtype)
     ctx.sb = Scaling.of(source(B), B.dtype)
+    if plan.orientation != "wide" and k > 1 and kind == "scalar" and not (fit_intercept or W is not None or positive
+                                                                       or folds is not None or updatable):
+        # each column of x its own problem: b's columns far apart are each scaled by their own power of two
+        ctx.sb.per_column = True
+        job.column_peaks.add(ctx.sb.path)
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)
@@ -134,13 +139,14 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
             info["solution_norm"] = [float(np.ldexp(v, ctx.xe)) for v in info["solution_norm"]] \
                 if isinstance(info["solution_norm"], list) else float(np.ldexp(info["solution_norm"], ctx.xe))
         return info
-    ea, eb = ctx.sa.exponent, ctx.sb.exponent
+    ea, eb = ctx.sa.exponent, ctx.sb.column_exponents  # eb: one per column where b's were scaled apart
 
-    def sc(v: Any, e: int) -> Any:
+    def sc(v: Any, e: Any) -> Any:
         if v is None or isinstance(v, str):
             return v
         if isinstance(v, (list, tuple)):
-            return [sc(x, e) for x in v]
+            return [sc(x, e if np.ndim(e) == 0 else e[i]) for i, x in enumerate(v)]
+        e = int(e) if np.ndim(e) == 0 else int(np.max(e))
         with np.errstate(over="ignore", under="ignore"):
             if isinstance(v, (complex, np.complexfloating)):  # a complex problem's intercept
                 return complex(np.ldexp(v.real, e), np.ldexp(v.imag, e))
@@ -158,6 +164,13 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
                        ("gcv", 2 * eb), ("loo", 2 * eb), ("loo_per_target", 2 * eb)):
             if key in curve:
                 curve[key] = sc(curve[key], e)
+    if np.ndim(eb):
+        info["scaling"] = {"exponent_a": ea, "exponent_b": [int(v) for v in eb], "max_abs_a": ctx.sa.amax,
+                           "max_abs_b": ctx.sb.amax, "extra_passes": ctx.sa.extra_passes,
+                           "note": f"solved 2^{-ea} A x'_j = 2^(-e_j) b_j with lam' = 2^{-ea} lam (exact powers of "
+                                   "two; e_j = exponent_b[j], one per column of b, whose columns lie too far apart "
+                                   f"for one power); x_j = 2^(e_j - {ea}) x'_j"}
+        return info
     info["scaling"] = {"exponent_a": ea, "exponent_b": eb, "max_abs_a": ctx.sa.amax, "max_abs_b": ctx.sb.amax,
                        "extra_passes": ctx.sa.extra_passes,
                        "note": f"solved 2^{-ea} A x' = 2^{-eb} b with lam' = 2^{-ea} lam (exact powers of two); "

@@ -106,12 +106,15 @@ class TikhonovRun:
         """``run(scale)`` a pass over ``A`` and ``B`` (made again scaled when its first reading finds
         data outside the safe range); its result records the exponents (a resumed run reads them)."""
         out = self.sa.run(self.job, run, others=(self.sb,))
-        return out | {"ea": self.sa.exponent, "eb": self.sb.exponent}
+        cols = {} if self.sb.columns is None else {"eb_columns": [int(v) for v in self.sb.columns]}
+        return out | {"ea": self.sa.exponent, "eb": self.sb.exponent} | cols
 
     def adopt(self, rec: dict) -> None:
         """The exponents of a pass's record (fresh or resumed); ``lams`` of the scaled problem."""
         if "ea" in rec and not self.sa.known:
             self.sa.e, self.sb.e = int(rec["ea"]), int(rec["eb"])
+            if "eb_columns" in rec:
+                self.sb.columns = np.asarray(rec["eb_columns"], dtype=np.int64)
         if not self.scaled_lams:
             check_lam_max(self.lams, self.sa.exponent)
             self.lams = [float(np.ldexp(lam, -self.sa.exponent)) for lam in self.lams]
@@ -242,8 +245,9 @@ def device_of_pass(ctx: TikhonovRun, phase: str, flops: float) -> str:
 def write_x(ctx: TikhonovRun, x_path: str, x: np.ndarray) -> None:
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     known = ctx.sa is not None and ctx.sa.known  # x of the scaled problem: x = 2^(eb - ea) x'
-    e = (ctx.sb.exponent - ctx.sa.exponent if known else 0) + ctx.xe
-    if known and ctx.sb.exponent and ctx.k > 1:  # the passes scaled b's strips by 2^-eb in b's stored dtype
+    # b's columns each divided by their own power where one power would have lost some (Scaling.per_column)
+    e = (ctx.sb.column_exponents - ctx.sa.exponent if known else 0) + ctx.xe
+    if known and ctx.sb.exponent and ctx.k > 1 and ctx.sb.columns is None:  # b's strips scaled by 2^-eb
         refuse_flushed_rhs(column_maxima(ctx.B.path, first=int(getattr(ctx.B, "first_row", 0)), rows=ctx.m),
                            ctx.sb.exponent, ctx.B.dtype)
     # rounded once to the output; a column flushed to 0 or beyond the range is refused, a subnormal one warns
