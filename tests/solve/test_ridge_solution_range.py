@@ -183,7 +183,7 @@ def test_wide_columns_apart_each_keep_their_range(route, dtype, gap):
 
 
 #: the tall routes that scale each column of ``b`` by its own power of two (test_tall_columns_far_apart_answered)
-PER_COLUMN = ("tall normal", "tall qr")
+PER_COLUMN = ("tall normal", "tall qr", "tall weights")
 
 
 @pytest.mark.parametrize(("dtype", "q"), [(np.float64, 600), (np.complex128, 600), (np.float32, 100)])
@@ -196,8 +196,6 @@ def test_ridge_columns_far_apart_refused(route, dtype, q):
     wide routes hold ``b`` in memory in float64: float32 columns ``2^200`` apart are answered there."""
     shape, kw = ROUTES[route]
     if np.dtype(dtype).kind == "c" and "sample_weight" in kw:
-        if shape[0] > shape[1]:
-            pytest.skip("the tall normal route without weights: answered (test_tall_columns_far_apart_answered)")
         kw = {}
     a, b = problem(shape, dtype)
     if shape[0] < shape[1] and dtype == np.float32:
@@ -212,17 +210,18 @@ def test_ridge_columns_far_apart_refused(route, dtype, q):
     assert_rescaled(x1, a, b[:, 1:], -q, **kw)
 
 
-def ridge_reference(a, b, lam):
-    """Each column of ``b`` solved alone with NumPy on the ridge-augmented system ``[A; lam I] x = [b; 0]``
-    (``numpy.linalg.lstsq``, Householder QR / SVD in float64 or complex128)."""
+def ridge_reference(a, b, lam, w=None):
+    """Each column of ``b`` solved alone with NumPy on the ridge-augmented system ``[W^1/2 A; lam I] x =
+    [W^1/2 b; 0]`` (``numpy.linalg.lstsq``, Householder QR / SVD in float64 or complex128)."""
     work = np.complex128 if np.dtype(a.dtype).kind == "c" else np.float64
     n = a.shape[1]
-    aug = np.vstack([a.astype(work), lam * np.eye(n, dtype=work)])
-    return np.stack([np.linalg.lstsq(aug, np.concatenate([b[:, j].astype(work), np.zeros(n, work)]), rcond=None)[0]
-                     for j in range(b.shape[1])], axis=1)
+    r = np.ones(a.shape[0]) if w is None else np.sqrt(w)
+    aug = np.vstack([r[:, None] * a.astype(work), lam * np.eye(n, dtype=work)])
+    return np.stack([np.linalg.lstsq(aug, np.concatenate([r * b[:, j].astype(work), np.zeros(n, work)]),
+                                     rcond=None)[0] for j in range(b.shape[1])], axis=1)
 
 
-@pytest.mark.parametrize("method", ["auto", "normal", "qr"])
+@pytest.mark.parametrize("method", ["auto", "normal", "qr", "weights"])
 @pytest.mark.parametrize(("dtype", "q"), [(np.float64, 600), (np.complex128, 600), (np.float32, 100)])
 def test_tall_columns_far_apart_answered(dtype, q, method):
     """Columns of ``b`` near ``2^q`` and ``2^-q`` on the tall routes (normal equations, streaming QR): one power of
@@ -235,17 +234,19 @@ def test_tall_columns_far_apart_answered(dtype, q, method):
     QR of ``[A; lam I]``: Higham 2002, Thms 10.4 and 20.3; ``c = 8``), ``cond(K) = (s_1^2 + lam^2) / (s_n^2 +
     lam^2)``; the reference (NumPy's least squares on the augmented system in float64) is within the same; the
     rounding into the output dtype adds ``eps``. So ``||x_j 2^-q_j - ref_j|| <= (2 * 8 n eps cond(K) + eps)
-    ||ref_j||`` with ``eps`` of the data's dtype."""
+    ||ref_j||`` with ``eps`` of the data's dtype. With sample weights ``w`` in ``[0.5, 2]`` the same for
+    ``W^1/2 A``."""
     a, b = problem((40, 6), dtype, seed=3)
     lam = 1.0
     e = np.array([q, -q])
-    kw = {} if method == "auto" else {"method": method}
+    w = np.linspace(0.5, 2.0, 40) if method == "weights" else None
+    kw = {} if method == "auto" else {"sample_weight": w} if w is not None else {"method": method}
     x = bl.solve(a, ldexp(b, e[None, :]), lam=lam, **kw)
     assert x.report["scaling"]["exponent_b"] == [q + int(np.frexp(np.abs(b[:, 0]).max())[1]),
                                                  -q + int(np.frexp(np.abs(b[:, 1]).max())[1])]
     x = np.asarray(x)
-    ref = ridge_reference(a, b, lam)
-    s = np.linalg.svd(a.astype(ref.dtype), compute_uv=False)
+    ref = ridge_reference(a, b, lam, w)
+    s = np.linalg.svd(a.astype(ref.dtype) * (1.0 if w is None else np.sqrt(w)[:, None]), compute_uv=False)
     cond = (s[0] ** 2 + lam ** 2) / (s[-1] ** 2 + lam ** 2)
     eps = float(np.finfo(dtype).eps)
     for j in range(2):
@@ -345,3 +346,27 @@ def test_stored_gram_subnormal_x_warns(shape):
                                                  memory=memory))
     assert x.report["gram"] == "out of core"
     assert_rescaled(np.asarray(x), a, b, -1050)
+
+
+def test_tall_columns_far_apart_resumed(tmp_path, monkeypatch):
+    """A run interrupted after its Gram pass resumes from the recorded sums with the powers of two each column was
+    scaled by (recorded beside them): the rerun's ``x`` is bit for bit the uninterrupted run's. Had the per-column
+    powers not been recorded, the resumed sums (scaled per column) would be scaled back by the one power."""
+    import blocklin.linalg.solve.normal as normal
+
+    a, b = problem((40, 6), np.float64, seed=3)
+    bl.from_array(a, tmp_path / "A.zarr")
+    bl.from_array(ldexp(b, np.array([600, -600])[None, :]), tmp_path / "B.zarr")
+    args = (str(tmp_path / "A.zarr"), str(tmp_path / "B.zarr"))
+    ref = np.asarray(bl.solve(*args, lam=1.0, refine=1, out=str(tmp_path / "ref.zarr")))
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(normal, "_run_residual_pass", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(*args, lam=1.0, refine=1, out=str(tmp_path / "x.zarr"), resume=True)
+    monkeypatch.undo()
+    x = bl.solve(*args, lam=1.0, refine=1, out=str(tmp_path / "x.zarr"), resume=True)
+    assert "gram-pass" in x.report["resumed_passes"]
+    np.testing.assert_array_equal(np.asarray(x), ref)
