@@ -183,7 +183,7 @@ def test_wide_columns_apart_each_keep_their_range(route, dtype, gap):
 
 
 #: the tall routes that scale each column of ``b`` by its own power of two (test_tall_columns_far_apart_answered)
-PER_COLUMN = ("tall normal", "tall qr", "tall weights")
+PER_COLUMN = ("tall normal", "tall qr", "tall weights", "tall intercept")
 
 
 @pytest.mark.parametrize(("dtype", "q"), [(np.float64, 600), (np.complex128, 600), (np.float32, 100)])
@@ -221,7 +221,7 @@ def ridge_reference(a, b, lam, w=None):
                                      rcond=None)[0] for j in range(b.shape[1])], axis=1)
 
 
-@pytest.mark.parametrize("method", ["auto", "normal", "qr", "weights"])
+@pytest.mark.parametrize("method", ["auto", "normal", "qr", "weights", "intercept", "qr intercept"])
 @pytest.mark.parametrize(("dtype", "q"), [(np.float64, 600), (np.complex128, 600), (np.float32, 100)])
 def test_tall_columns_far_apart_answered(dtype, q, method):
     """Columns of ``b`` near ``2^q`` and ``2^-q`` on the tall routes (normal equations, streaming QR): one power of
@@ -235,24 +235,37 @@ def test_tall_columns_far_apart_answered(dtype, q, method):
     lam^2)``; the reference (NumPy's least squares on the augmented system in float64) is within the same; the
     rounding into the output dtype adds ``eps``. So ``||x_j 2^-q_j - ref_j|| <= (2 * 8 n eps cond(K) + eps)
     ||ref_j||`` with ``eps`` of the data's dtype. With sample weights ``w`` in ``[0.5, 2]`` the same for
-    ``W^1/2 A``."""
+    ``W^1/2 A``. With ``fit_intercept`` the reference solves the centered ``A``, ``b`` and the intercept is
+    ``bbar - mu^T x``: its error within that relative bound of ``|bbar_j| + ||mu|| ||x_j||``."""
     a, b = problem((40, 6), dtype, seed=3)
     lam = 1.0
     e = np.array([q, -q])
     w = np.linspace(0.5, 2.0, 40) if method == "weights" else None
     kw = {} if method == "auto" else {"sample_weight": w} if w is not None else {"method": method}
+    if method.endswith("intercept"):
+        kw = {"fit_intercept": True} | ({"method": "qr"} if method.startswith("qr") else {})
+        a, b = a + 3, b + 5  # means beside the spread
     x = bl.solve(a, ldexp(b, e[None, :]), lam=lam, **kw)
+    icpt = x.intercept
     assert x.report["scaling"]["exponent_b"] == [q + int(np.frexp(np.abs(b[:, 0]).max())[1]),
                                                  -q + int(np.frexp(np.abs(b[:, 1]).max())[1])]
     x = np.asarray(x)
-    ref = ridge_reference(a, b, lam, w)
-    s = np.linalg.svd(a.astype(ref.dtype) * (1.0 if w is None else np.sqrt(w)[:, None]), compute_uv=False)
+    work = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    mu, bbar = a.astype(work).mean(axis=0), b.astype(work).mean(axis=0)
+    ac, bc = (a - mu, b - bbar) if icpt is not None else (a, b)
+    ref = ridge_reference(ac, bc, lam, w)
+    s = np.linalg.svd(ac.astype(work) * (1.0 if w is None else np.sqrt(w)[:, None]), compute_uv=False)
     cond = (s[0] ** 2 + lam ** 2) / (s[-1] ** 2 + lam ** 2)
     eps = float(np.finfo(dtype).eps)
+    rel = 2 * 8 * a.shape[1] * eps * cond + eps
     for j in range(2):
-        got = ldexp(x[:, j].astype(ref.dtype), -int(e[j]))
+        got = ldexp(x[:, j].astype(work), -int(e[j]))
         err, size = np.linalg.norm(got - ref[:, j]), np.linalg.norm(ref[:, j])
-        assert err <= (2 * 8 * a.shape[1] * eps * cond + eps) * size, (j, err / size)
+        assert err <= rel * size, (j, err / size)
+        if icpt is not None:
+            c = ldexp(np.asarray(icpt, dtype=work)[j:j + 1], -int(e[j]))[0]
+            want = bbar[j] - mu @ ref[:, j]
+            assert abs(c - want) <= rel * (abs(bbar[j]) + np.linalg.norm(mu) * size), (j, abs(c - want))
 
 
 @pytest.mark.parametrize("method", ["auto", "qr"])

@@ -55,7 +55,7 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                       scoring=scoring, folds=folds, L=L)
     ctx.sa = Scaling.of(source(A), A.dtype)
     ctx.sb = Scaling.of(source(B), B.dtype)
-    if plan.orientation != "wide" and k > 1 and kind == "scalar" and not (fit_intercept or positive
+    if plan.orientation != "wide" and k > 1 and kind == "scalar" and not (positive
                                                                        or folds is not None or updatable):
         # each column of x its own problem: b's columns far apart are each scaled by their own power of two
         ctx.sb.per_column = True

@@ -132,7 +132,9 @@ class TikhonovRun:
         loses about ``(d / sd)^2``, a few units for a typical first row."""
         if self.first_rows is None:
             self.first_rows = (first_row(self.A, self.cdtype), first_row(self.B, self.cdtype))
-        return tuple(ldexp(v, -int(scale.get(str(s.path), 0))) for v, s in zip(self.first_rows, (self.sa, self.sb)))
+        # a per-column power (Scaling.per_column) divides each entry of b's first row by its column's
+        return tuple(ldexp(v, -np.asarray(scale.get(str(s.path), 0), dtype=np.int64))
+                     for v, s in zip(self.first_rows, (self.sa, self.sb)))
 
     @property
     def cdtype(self) -> str:
