@@ -784,3 +784,20 @@ def test_exponent_choice():
     assert scaling.exponent_for(float("nan"), np.float64) == 0 and scaling.exponent_for(0.0, np.float64) == 0
     assert scaling.safe_range(np.float32) == (2.0 ** -32, 2.0 ** 32)
     assert scaling.squares_lose_columns(np.array([1.0, 2.0 ** -520, 0.0, 2.0 ** -500])) == 1
+
+
+def test_column_exponents_only_where_one_power_loses_a_column():
+    """A right-hand side's powers per column (``Scaling.per_column``): None while the one power ``2^-e`` keeps every
+    column's largest entry above ``tiny * 2^nmant`` (the passes then scale by that one power, with its bits), one
+    power per column where it does not; a zero column keeps ``e``. ``strip_exponent`` gives a pass one ``int``
+    for equal powers."""
+    from blocklin.linalg.blocks.scaling import column_exponents_for
+    from blocklin.runtime.passes import strip_exponent
+
+    assert column_exponents_for(np.array([2.0**600, 2.0**100]), 601, np.float64) is None
+    assert column_exponents_for(np.array([2.0**600]), 601, np.float64) is None
+    got = column_exponents_for(np.array([2.0**600, 2.0**-600, 0.0]), 601, np.float64)
+    assert got.tolist() == [601, -599, 601]
+    assert column_exponents_for(np.array([2.0**100, 2.0**-30]), 101, np.float32) is not None  # below 2^-126 * 2^23
+    assert column_exponents_for(np.array([2.0**100, 2.0**-2]), 101, np.float32) is None
+    assert strip_exponent(5) == 5 and strip_exponent((3, 3)) == 3 and strip_exponent(np.array([3, -4])) == (3, -4)
