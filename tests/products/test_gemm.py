@@ -430,3 +430,27 @@ def test_float32_result_of_a_float64_c_within_its_range_is_computed(tmp_path, rn
     ref = a @ b + 2.0 * c
     bound = 7 * np.finfo(np.float32).eps * (np.linalg.norm(a) * np.linalg.norm(b) + 2 * np.linalg.norm(c))
     assert got.dtype == np.float32 and np.linalg.norm(got - ref) <= bound
+
+
+@pytest.mark.parametrize("c_low, beta, refused", [(1e-45, 1e30, True), (1e-42, 1e36, True), (1e-45, 2.0, False),
+                                                  (1e-30, 1e30, False)])
+def test_float32_result_of_a_float64_c_below_float32s_normal_range_magnified_by_beta(tmp_path, c_low, beta, refused):
+    """``dtype='float32'`` of a float64 ``C`` with entries below float32's normal range (``1.2e-38``) and a
+    ``beta`` that brings them back into it: the cast keeps such an entry to float32's smallest subnormal
+    (``1.4e-45``) absolute only: ``C`` from ``1e-45`` to ``1e-40`` with ``beta = 1e30`` beside ``A B`` of
+    ``3e-12`` came back with entries up to ``1.6e-4`` off (2,600 times float32's rounding unit), without a word. Refused naming ``c``; where ``beta c`` stays below the normal
+    range or ``c`` is normal in float32, computed within ``(k + 4) eps`` (Higham 2002, eq. 3.13, and the
+    casts), componentwise as that bound is."""
+    from blocklin.errors import ParameterError
+
+    a, b = np.full((4, 3), 1e-6), np.full((3, 2), 1e-6)
+    c = np.geomspace(c_low, c_low * 1e5, 8).reshape(4, 2)
+    if refused:
+        with pytest.raises(ParameterError, match=r"^c: entries that beta brings into"):
+            bl.matmul(a, b, tmp_path / "c.zarr", c=c, beta=beta, dtype="float32")
+        assert not (tmp_path / "c.zarr").exists()
+        return
+    got = bl.matmul(a, b, tmp_path / "c.zarr", c=c, beta=beta, dtype="float32").to_numpy()
+    ref = a @ b + beta * c
+    bound = 7 * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b) + beta * np.abs(c))
+    assert got.dtype == np.float32 and np.all(np.abs(got - ref) <= bound + np.finfo(np.float32).smallest_subnormal)

@@ -461,6 +461,18 @@ def max_abs(op: Any) -> float:
     return top
 
 
+def smallest_nonzero(op: Any) -> float:
+    """``min |a_ij|`` over the nonzero entries of a stored operand (0 where every entry is 0): one pass
+    over its rows by bands, for the checks of a cast to a narrower dtype (which entries it takes below
+    that dtype's normal range)."""
+    low = math.inf
+    for _, block in _row_bands(op):
+        nz = block[block > 0]
+        if nz.size:
+            low = min(low, float(nz.min()))
+    return 0.0 if low == math.inf else low
+
+
 def triangle_max_abs(op: Any, *, lower: bool) -> float:
     """``max |t_ij|`` over the ``lower`` (or upper) triangle of a stored square operand, diagonal included:
     one pass by bands, the other triangle ignored (a packed factor's, or anything the solve does not read)."""
