@@ -148,11 +148,12 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     loc, prov = _provenance(out, options)
     op = prov["operation"]
     covers = prov.get("covers")
-    if not covers and _sparse_inputs(prov, options):
+    sparse = _sparse_inputs(prov, options) if not covers else []
+    if sparse:
         raise ParameterError(explain(
             "out", "must be a result of dense inputs: rows are not appended to a stored sparse matrix yet, so "
             "its results are not updated", f"{loc.url!r}, the {'pca' if _is_pca(prov) else op} of the sparse matrix "
-            f"{_sparse_inputs(prov, options)[0]!r}", f"write the grown matrix again (blocklin.from_sparse(scipy.sparse."
+            f"{sparse[0]!r}", f"write the grown matrix again (blocklin.from_sparse(scipy.sparse."
             f"vstack([old, new]), PATH, overwrite=True)), then rerun blocklin.{'pca' if _is_pca(prov) else op} "
             "with the same arguments and overwrite=True"))
     if not covers:
