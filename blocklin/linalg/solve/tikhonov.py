@@ -250,14 +250,24 @@ def write_x(ctx: TikhonovRun, x_path: str, x: np.ndarray) -> None:
     # b's columns each divided by their own power where one power would have lost some (Scaling.per_column)
     e = (ctx.sb.column_exponents - ctx.sa.exponent if known else 0) + ctx.xe
     if known and ctx.sb.exponent and ctx.k > 1 and ctx.sb.columns is None:  # b's strips scaled by 2^-eb
-        refuse_flushed_rhs(column_maxima(ctx.B.path, first=int(getattr(ctx.B, "first_row", 0)), rows=ctx.m),
-                           ctx.sb.exponent, ctx.B.dtype)
+        refuse_flushed_rhs(b_column_maxima(ctx), ctx.sb.exponent, ctx.B.dtype)
     # rounded once to the output; a column flushed to 0 or beyond the range is refused, a subnormal one warns
     x, cols = scaled_columns(x, e, out_dtype)
     check_columns(cols, e, out_dtype)
     chunks = auto_chunks(x.shape, out_dtype, ctx.job.cfg.memory)
     arr = create_array(x_path, shape=x.shape, dtype=out_dtype, chunks=chunks, codec=ctx.job.cfg.codec)
     write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
+
+
+def b_column_maxima(ctx: TikhonovRun) -> np.ndarray:
+    """Each column's largest magnitude of the ``b`` the passes streamed: the first pass's record where it
+    kept each column's (``b`` in ``job.column_peaks``: the per-column scaling's routes), else read again.
+    A complex record holds ``max(|Re|, |Im|)`` where the read gives ``|b|``; :func:`write_x` asks only where
+    the one power kept every column above ``tiny * 2^nmant`` (``columns`` None), where neither refuses."""
+    peaks = ctx.job.peaks.get(ctx.sb.path) if ctx.sb.path in ctx.job.column_peaks else None
+    if peaks is not None and np.size(peaks) == ctx.k:
+        return np.asarray(peaks, dtype=np.float64)
+    return column_maxima(ctx.B.path, first=int(getattr(ctx.B, "first_row", 0)), rows=ctx.m)
 
 
 def unscaled_x(x: np.ndarray, e: Any, dtype: Any) -> np.ndarray:
