@@ -432,6 +432,16 @@ def test_float32_result_of_a_float64_c_within_its_range_is_computed(tmp_path, rn
     assert got.dtype == np.float32 and np.linalg.norm(got - ref) <= bound
 
 
+def test_beta_c_checks_of_a_narrowing_cast_read_c_once(tmp_path, rng):
+    """``dtype='float32'`` of a float64 ``C`` with ``|beta| > 1`` wants both ``max |C|`` (beyond the range) and the
+    smallest nonzero ``|c_ij|`` (below it, brought back by ``beta``): both come from one read of ``C``, as
+    ``max |C|`` alone does for ``beta = 1`` (it had read ``C`` twice: ``bytes_read`` one ``C`` more)."""
+    a, b, c = rng.standard_normal((40, 3)), rng.standard_normal((3, 2)), rng.standard_normal((40, 2))
+    read = [bl.matmul(a, b, tmp_path / f"c{i}.zarr", c=c, beta=beta, dtype="float32").report["bytes_read"]
+            for i, beta in enumerate((1.0, 2.0))]
+    assert read[1] == read[0]
+
+
 @pytest.mark.parametrize("c_low, beta, refused", [(1e-45, 1e30, True), (1e-42, 1e36, True), (1e-45, 2.0, False),
                                                   (1e-30, 1e30, False)])
 def test_float32_result_of_a_float64_c_below_float32s_normal_range_magnified_by_beta(tmp_path, c_low, beta, refused):

@@ -446,31 +446,43 @@ def safe_norm(ops: Any, region: Any, sumsq: float) -> float:
 def max_abs(op: Any) -> float:
     """``max |a_ij|`` of a stored operand: its recorded peaks where they are current (no read), else a
     pass over its rows by bands (a check that no pass plans: ``precision=`` narrower than the data)."""
-    from blocklin.storage.recorded_peaks import recorded
-    from blocklin.storage.zarr_store import open_cached
-
-    n = int(op.shape[0]) if len(op.shape) else 0
-    arr = open_cached(op.path, "r")
-    if int(getattr(op, "first_row", 0)) == 0 and n == arr.shape[0]:  # the whole stored array: its record, where current
-        rec = recorded(op.path, tuple(arr.shape) if arr.ndim == 2 else None, column_peaks=False)
-        if rec is not None:
-            return float(rec.amax)
+    rec = _recorded_max_abs(op)
+    if rec is not None:
+        return rec
     top = 0.0
     for _, block in _row_bands(op):
         top = max(top, float(block.max()))
     return top
 
 
-def smallest_nonzero(op: Any) -> float:
-    """``min |a_ij|`` over the nonzero entries of a stored operand (0 where every entry is 0): one pass
-    over its rows by bands, for the checks of a cast to a narrower dtype (which entries it takes below
-    that dtype's normal range)."""
-    low = math.inf
+def _recorded_max_abs(op: Any) -> float | None:
+    """``max |a_ij|`` of a stored operand from the peaks its writer recorded, where they are current and
+    ``op`` is the whole stored array; None elsewhere."""
+    from blocklin.storage.recorded_peaks import recorded
+    from blocklin.storage.zarr_store import open_cached
+
+    n = int(op.shape[0]) if len(op.shape) else 0
+    arr = open_cached(op.path, "r")
+    if int(getattr(op, "first_row", 0)) == 0 and n == arr.shape[0]:
+        rec = recorded(op.path, tuple(arr.shape) if arr.ndim == 2 else None, column_peaks=False)
+        if rec is not None:
+            return float(rec.amax)
+    return None
+
+
+def max_and_smallest_nonzero(op: Any) -> tuple[float, float]:
+    """:func:`max_abs` and ``min |a_ij|`` over the nonzero entries (0 where every entry is 0) of a stored
+    operand, from one pass over its rows by bands (the largest is the recorded peak where :func:`max_abs`
+    takes it): for the checks of a cast to a narrower dtype (which entries it takes beyond, or below, that
+    dtype's normal range)."""
+    top, low = 0.0, math.inf
     for _, block in _row_bands(op):
+        top = max(top, float(block.max()))
         nz = block[block > 0]
         if nz.size:
             low = min(low, float(nz.min()))
-    return 0.0 if low == math.inf else low
+    rec = _recorded_max_abs(op)
+    return top if rec is None else rec, 0.0 if low == math.inf else low
 
 
 def triangle_max_abs(op: Any, *, lower: bool) -> float:

@@ -18,7 +18,7 @@ from blocklin.config import Settings
 from blocklin.device.pool import reusing
 from blocklin.errors import ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.scaling import max_abs, narrow_range, range_refusal, smallest_nonzero
+from blocklin.linalg.blocks.scaling import max_abs, max_and_smallest_nonzero, narrow_range, range_refusal
 from blocklin.matrix import Matrix
 from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
 from blocklin.plan.rechunk import rechunk_advice
@@ -362,10 +362,10 @@ def _check_c_range(op: Gemm) -> None:
     dtype and ``beta`` applied there, so an entry of ``C``, ``beta`` itself (where ``C`` is cast to a
     narrower dtype: the cast flushes the entries beta would bring in range) or ``|beta| max |C|`` at or
     beyond its largest value gives Inf. Those had been refused after the run as sums of ``a`` that
-    are not finite, with NumPy's overflow warnings leaked. One pass over ``C`` (its recorded peak where
-    there is one), only where ``C`` is cast to a narrower dtype or ``|beta| > 1``; and one more where both: an
-    entry the cast takes below the output's normal range, which ``beta`` would bring back into it, is refused
-    (the cast kept it to the smallest subnormal only)."""
+    are not finite, with NumPy's overflow warnings leaked. One pass over ``C`` (none for its recorded peak
+    where there is one), only where ``C`` is cast to a narrower dtype or ``|beta| > 1``; where both, the
+    pass gives the smallest nonzero entry too: an entry the cast takes below the output's normal range,
+    which ``beta`` would bring back into it, is refused (the cast kept it to the smallest subnormal only)."""
     if op.C is None:
         return
     narrowing = op.C.dtype.itemsize > op.dtype.itemsize
@@ -378,7 +378,9 @@ def _check_c_range(op: Gemm) -> None:
     if narrowing and abs(op.beta) >= top:
         raise ParameterError(_msg("beta", f"must lie within the output dtype {name}'s range (below {top:.3g}): "
                                   "c is cast to it before beta is applied", f"beta = {op.beta:.3g}", fix))
-    peak = max_abs(op.C)
+    # where both, the smallest nonzero entry is wanted too (below): both from the one read
+    both = narrowing and abs(op.beta) > 1.0
+    peak, low = max_and_smallest_nonzero(op.C) if both else (max_abs(op.C), 0.0)
     if peak >= top:
         raise ParameterError(_msg("c", f"entries must lie within the output dtype {name}'s range (below "
                                   f"{top:.3g}): c is cast to it", f"max |c| = {peak:.3g}", fix))
@@ -390,11 +392,10 @@ def _check_c_range(op: Gemm) -> None:
                                   f"scale c (or beta) and alpha by the same power of two below 1 (exact) and the "
                                   f"result back{own}"))
     tiny = float(np.finfo(op.dtype).tiny)
-    if narrowing and abs(op.beta) > 1.0:
+    if both:
         # the cast keeps an entry below the output's normal range to the smallest subnormal only, and beta then
         # brings it into the normal range with that absolute error: c from 1e-45 to 1e-40 (1e-45: float32's
         # 1.4e-45, 40% off) with beta = 1e30 had given entries 1.6e-4 off, without a word
-        low = smallest_nonzero(op.C)
         if 0.0 < low < tiny and abs(op.beta) * low >= tiny:
             raise ParameterError(_msg(
                 "c", f"entries that beta brings into the output dtype {name}'s normal range must lie in it before "
