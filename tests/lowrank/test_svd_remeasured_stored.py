@@ -17,7 +17,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import ConvergenceWarning
-from blocklin.linalg.lowrank.svd import default_tol
+from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from support.tolerances import assert_singular_values
 
 M, N, K = 3000, 40, 30

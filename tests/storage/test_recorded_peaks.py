@@ -13,7 +13,7 @@ import zarr
 
 import blocklin
 from blocklin.errors import NonFiniteError
-from blocklin.linalg.lowrank.svd import default_tol
+from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from blocklin.storage.recorded_peaks import PeakTally, record, recorded
 from blocklin.storage.records import PEAKS_COLUMNS, PEAKS_RECORD
 from blocklin.storage.stamps import content_stamp

@@ -26,6 +26,7 @@ from blocklin.linalg.blocks.scaling import squares_lose_columns
 from blocklin.linalg.blocks.tallblock import ArrayBlock, TallBlock
 from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.lowrank.sources import Source
+from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from blocklin.linalg.lowrank.triplets import (enrich_width, numerically_zero, resolution_floor, rounding_level,
                                               triplet_report, triplet_scale)
 from blocklin.linalg.lowrank.updatable import sketch_state
@@ -173,9 +174,7 @@ def remeasured(src: Source, Y: Any, chain: list, V: np.ndarray, sig: np.ndarray,
 
 def judged_tol(tol: float | None, dtype: Any) -> float:
     """The tolerance the report judges the triplets of ``rsvd`` against: ``tol``, or without one the
-    Lanczos SVD's default (:func:`blocklin.linalg.lowrank.svd.default_tol`, as the report takes it)."""
-    from blocklin.linalg.lowrank.svd import default_tol  # svd imports this module
-
+    Lanczos SVD's default (:func:`~blocklin.linalg.lowrank.svd_tolerance.default_tol`, as the report takes it)."""
     return tol if tol is not None else default_tol(dtype)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import Any, Unpack
 
@@ -37,6 +36,7 @@ from blocklin.linalg.lowrank.lanczos import repeated_beyond_block, rerun_wider_b
 from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.spilled_ritz import StoredFactor
+from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state
@@ -78,19 +78,6 @@ def power_passes(n_iter: int) -> int:
 #: Most power iterations ``power_iters=`` asks for: ``(s_{k+1} / s_k)^(2q)`` has long stopped
 #: improving the basis (and a huge count would run for hours on an in-core matrix).
 MAX_POWER_ITERS = 100
-
-
-def default_tol(dtype: Any) -> float:
-    """Default residual tolerance of the Lanczos SVD: ``sqrt(10 sqrt(eps))`` (3.9e-4 in float64, 5.9e-2 in float32).
-
-    It targets the singular values, not the residuals: the error of a Ritz value is about the square of
-    its relative residual (Kato-Temple: ``|s_i^2 - theta_i| <= r_i^2 / gap_i``), so a residual of
-    ``sqrt(10 sqrt(eps))`` gives singular values to about ``10 sqrt(eps)`` relative (better where the
-    gap ``gap_i`` is wide), and the final Rayleigh-Ritz step over the Ritz vectors and their residuals
-    (:func:`blocklin.linalg.lowrank.methods.lanczos`) squares the error once more. Pass ``tol=10 * sqrt(eps)`` for residuals (and
-    singular vectors) at that level.
-    """
-    return math.sqrt(10.0 * math.sqrt(float(np.finfo(np.dtype(dtype)).eps)))
 
 
 def default_lanczos_block(k: int, oversample: int) -> int:

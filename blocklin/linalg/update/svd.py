@@ -54,7 +54,8 @@ from blocklin.linalg.blocks.center import Moments, merge_comoments, moments_and_
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.methods import component_signs
 from blocklin.linalg.lowrank.run import check_standardizable
-from blocklin.linalg.lowrank.svd import SVDResult, default_tol
+from blocklin.linalg.lowrank.svd import SVDResult
+from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.updatable import COMOMENTS, MEAN
 from blocklin.linalg.update.bands import copy_rows, write_affine
