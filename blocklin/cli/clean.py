@@ -11,6 +11,8 @@ partial output (.OUT.partial-*) or job work folder (blocklin-OP-*) only when the
 is gone: on this host its process has ended; on another host its heartbeat is older than the lease.
 A live run's data is never touched. Also removes the record .NAME.blocklin of a file export whose
 file NAME is gone (one blocklin wrote; a file of another kind with that name is left alone).
+A PATH that has a leftover's name but that blocklin did not write is refused (exit 1) before
+anything is removed; found in a folder or beside an output, such a look-alike is listed as skipped.
 
 examples:
   blocklin clean --dry-run
@@ -37,8 +39,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.cli import ui
     from blocklin.config import format_size
-    from blocklin.storage.cleanup import clean
+    from blocklin.errors import ParameterError, explain
+    from blocklin.storage.cleanup import clean, foreign_named
 
+    foreign = foreign_named(args.paths)  # before anything is removed: a refusal does nothing
+    if foreign:
+        raise ParameterError(explain(
+            "path", "must name a leftover blocklin wrote (a partial output, work folder, old output or record of "
+            "a run that is gone) or a folder or output path to look in: clean removes nothing blocklin did not "
+            "write", "; ".join(f"{i.path} ({i.reason})" for i in foreign),
+            "leave it out of the command; if it is yours and no longer needed, remove it yourself"))
     items = clean(args.paths, dry_run=args.dry_run)
     gone = [i for i in items if i.action in ("removed", "would remove")]
     freed = sum(i.bytes for i in gone)

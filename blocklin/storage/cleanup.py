@@ -338,6 +338,22 @@ def find_leftovers(paths: Iterable[Any], *, sizes: bool = True) -> list[Leftover
     return out
 
 
+def foreign_named(paths: Iterable[Any]) -> list[Leftover]:
+    """The paths named that are themselves under a leftover's name (not found in a folder ``clean`` looks
+    in, nor beside an output path) and that ``clean`` leaves alone, ``skipped``: not written by blocklin
+    (a user's ``.notes.txt.partial-draft``), or a work folder without an owner record. ``blocklin clean``
+    refuses those before it removes anything, where it had said "0 of 1 leftover(s) removed" and exited 0.
+    Object-store prefixes are named by blocklin alone."""
+    out = []
+    for p in paths:
+        loc = as_location(p, name="path")
+        if not loc.is_local:
+            continue
+        own = _file_partial_of(os.path.abspath(os.path.expanduser(loc.url)))
+        out += [i for i in find_leftovers([loc.url], sizes=False) if i.path == own and i.action == "skipped"]
+    return out
+
+
 def _work_named_by(cand: Location, kind: str) -> list[tuple[Location, str]]:
     """The work folder a partial output's markers name (its run's steps, under whatever temp dir that run
     had: :data:`~blocklin.storage.records.WORK_FOLDER_RECORD`), so that ``blocklin clean PARTIAL``, what

@@ -805,27 +805,59 @@ def test_clean_removes_the_temporary_copy_of_a_record_its_writer_left(work, tmp_
     assert (exp / ".a.npy.blocklin").read_text() == record
 
 
+def _killed_export_partial(folder) -> str:
+    """The partial file (with its owner record) of an ``.npy`` export to ``folder/out.npy`` whose process was
+    killed (SIGKILL) before its commit or abort: a leftover blocklin owns, its run gone."""
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import os, sys\n"
+              "from blocklin.storage.formats.base import AtomicFile\n"
+              "f = AtomicFile(sys.argv[1], kind='npy')\n"
+              "f.partial.write_bytes(b'x' * 4096)\n"
+              "os.kill(os.getpid(), 9)\n")
+    r = subprocess.run([sys.executable, "-c", script, str(folder / "out.npy")], capture_output=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    (killed,) = [f for f in os.listdir(folder) if ".partial-" in f and not f.endswith(".owner")]
+    assert os.path.exists(folder / f"{killed}.owner")
+    return killed
+
+
+@pytest.mark.parametrize("name", [".data.zarr.partial-notes", ".notes.txt.partial-draft", ".photos.old-20231225"])
+def test_clean_of_a_path_blocklin_did_not_write_is_refused(tmp_path, capsys, name):
+    """``blocklin clean PATH`` naming a look-alike of a leftover that blocklin did not write (a user's folder or
+    file under a partial output's or an old output's name, no owner record) left it alone but exited 0 ("0 of 1
+    leftover(s) removed"), as though it had done what was asked. Refused now (exit 1, one line naming the path,
+    why and what to do) before anything is removed, also where an owned leftover is named beside it, which the
+    same command without the foreign path cleans (exit 0)."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    killed = _killed_export_partial(folder)
+    foreign = folder / name
+    if "notes.txt" in name:
+        foreign.write_text("the user's draft")
+    else:
+        foreign.mkdir()
+        (foreign / "img.txt").write_text("mine")
+    backdate((foreign,), time.time() - 7200)
+    for argv in ([str(foreign)], [str(folder / killed), str(foreign)]):
+        refused_cli(capsys, tmp_path, ["clean", *argv, "--no-progress"], "path: must name a leftover blocklin wrote",
+                    "clean removes nothing blocklin did not write", f"{foreign} (", "left alone", "remove it yourself")
+        refused_cli(capsys, tmp_path, ["clean", *argv, "--dry-run", "--no-progress"], str(foreign))
+    assert main(["clean", str(folder / killed), "--no-progress"]) == 0
+    assert "removed partial file" in capsys.readouterr().out
+    assert sorted(os.listdir(folder)) == [name]
+
+
 def test_clean_removes_the_partial_of_a_killed_file_export(tmp_path, capsys):
     """A file export killed mid-write (SIGKILL) leaves ``.NAME.partial-TOKEN``, a file as large as the export:
     ``blocklin clean`` had said "nothing to clean" (it looked for folders only). The partial now carries its
     writer's owner record beside it until the commit or the abort; ``clean`` removes a gone run's partial
     with that record, keeps a live run's, and leaves a look-alike file of the user's alone."""
-    import json
-    import signal
-    import subprocess
-    import sys
-
     tmp_path = tmp_path / "exports"  # beside the tests' own temp dir
     tmp_path.mkdir()
-    script = ("import os, sys\n"
-              "from blocklin.storage.formats.base import AtomicFile\n"
-              "f = AtomicFile(sys.argv[1], kind='npy')\n"
-              "f.partial.write_bytes(b'x' * 4096)\n"
-              "os.kill(os.getpid(), 9)\n")  # killed before commit or abort
-    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.npy")], capture_output=True, timeout=120)
-    assert r.returncode == -signal.SIGKILL
-    (killed,) = [f for f in os.listdir(tmp_path) if ".partial-" in f and not f.endswith(".owner")]
-    assert os.path.exists(tmp_path / f"{killed}.owner")
+    killed = _killed_export_partial(tmp_path)
     from blocklin.storage.formats.base import AtomicFile
 
     live = AtomicFile(tmp_path / "live.npy", kind="npy")  # this process writes it: kept
