@@ -93,17 +93,20 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
         k = b.shape[1] if b is not None else 0
         state = {"g": np.zeros((n, n), params["dtype"]), "c": np.zeros((n, k), params["dtype"]),
                  "bb": np.zeros(k)}
+    # the sums below overflow only where the products' sums do (see there): NumPy's warning would only alarm
     if shift is not None and len(arrays) < 3:  # the column sums of the shifted rows (weighted: A_s^T w below)
         if "as" not in state:
             state.update({"as": np.zeros(a.shape[1], a.dtype), "bs": np.zeros(b.shape[1], b.dtype)})
-        state["as"] += a.sum(axis=0)
-        state["bs"] += b.sum(axis=0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            state["as"] += a.sum(axis=0)
+            state["bs"] += b.sum(axis=0)
     if len(arrays) > 2:  # sample weights: the sums of sqrt(w)-scaled rows, and A^T w, B^T w, sum(w)
         w = np.asarray(arrays[2], dtype=np.float64)[:, 0]
         if "aw" not in state:
             state.update(aw=np.zeros(a.shape[1], a.dtype), bw=np.zeros(b.shape[1], b.dtype), ws=0.0)
-        state["aw"] += a.T @ w
-        state["bw"] += b.T @ w
+        with np.errstate(over="ignore", invalid="ignore"):
+            state["aw"] += a.T @ w
+            state["bw"] += b.T @ w
         state["ws"] += float(w.sum())
         sw = np.sqrt(w)[:, None]
         if shift is not None:  # the kernel's own shifted copies: scaled in place
