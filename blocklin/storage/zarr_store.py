@@ -51,12 +51,19 @@ def codec_chain(codec: str | None, checksum: bool = False) -> tuple[Any, ...]:
 
 
 def describe_codecs(arr: zarr.Array) -> str:
-    """A short human name for an array's compression (``"none"``, ``"zstd"``, ...)."""
+    """A short human name for an array's encoding (``"none"``, ``"zstd"``, ``"delta+zstd"``, ...).
+
+    Filters come first, as they are applied (a v2 array's ``Delta`` or ``AsType``, a v3 array's
+    array-to-array codecs other than a transpose, which :func:`stored_order` reports): an array
+    delta-encoded, or stored in a narrower dtype, is not ``"none"``.
+    """
     try:
+        filters = [f for f in arr.filters if type(f).__name__ != "TransposeCodec"]
         comps = list(arr.compressors)
     except Exception:  # pragma: no cover - exotic metadata
         return "unknown"
-    names = []
+    # a numcodecs filter (v2) by its id, a zarr codec by its class
+    names = [str(getattr(f, "codec_id", None) or type(f).__name__.replace("Codec", "")).lower() for f in filters]
     for c in comps:
         cls = type(c).__name__.replace("Codec", "").lower()
         if cls == "blosc":
@@ -64,6 +71,36 @@ def describe_codecs(arr: zarr.Array) -> str:
             cls = f"blosc-{getattr(cname, 'value', cname)}"
         names.append(cls)
     return "+".join(names) if names else "none"
+
+
+def stored_order(arr: zarr.Array) -> str:
+    """``"F"`` where a 2-D array's chunks hold their values column by column (a v2 array of
+    ``order="F"``, a v3 array whose one array-to-array codec is the ``transpose`` of its two
+    dimensions), else ``"C"``: what ``blocklin info`` reports as the order (reads return C either way)."""
+    meta = arr.metadata
+    if getattr(meta, "zarr_format", None) == 2:
+        return "F" if getattr(meta, "order", "C") == "F" and len(arr.shape) == 2 else "C"
+    try:
+        filters = list(arr.filters)
+    except Exception:  # pragma: no cover - exotic metadata
+        return "C"
+    if len(arr.shape) == 2 and len(filters) == 1 and type(filters[0]).__name__ == "TransposeCodec":
+        return "F" if tuple(filters[0].order) == (1, 0) else "C"
+    return "C"
+
+
+def stored_dtype(arr: zarr.Array) -> np.dtype:
+    """The dtype of the values as the chunks store them: a v3 array whose ``bytes`` codec is
+    big-endian stores ``>f8`` where ``arr.dtype`` (what reads return) says ``<f8``."""
+    dt = np.dtype(arr.dtype)
+    if getattr(arr.metadata, "zarr_format", None) != 3 or dt.itemsize == 1:
+        return dt
+    try:
+        endian = getattr(arr.serializer, "endian", None)
+    except Exception:  # pragma: no cover - exotic metadata
+        return dt
+    endian = getattr(endian, "value", endian)
+    return dt.newbyteorder(">" if endian == "big" else "<") if endian in ("big", "little") else dt
 
 
 

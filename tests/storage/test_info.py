@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numcodecs
 import numpy as np
 import pytest
 import zarr
+import zarr.codecs
 
 import blocklin
 from blocklin.cli.main import main
@@ -60,6 +62,28 @@ def test_info_zarr_details_and_provenance(files):
     assert g["route"] == "pass" and g["bytes_read"] == 64 * 48 * 8 and g["bytes_written"] == 48 * 48 * 8
     v2 = inspect(tmp / "v2.zarr")
     assert v2["zarr_format"] == 2 and v2["provenance"] is None
+
+
+@pytest.mark.parametrize("layout, facts", [
+    ({"zarr_format": 2, "order": "F", "compressors": None}, ("F", "none", "<f8")),
+    ({"filters": [zarr.codecs.TransposeCodec(order=(1, 0))], "compressors": zarr.codecs.ZstdCodec()}, ("F", "zstd", "<f8")),
+    ({"serializer": zarr.codecs.BytesCodec(endian="big"), "compressors": None}, ("C", "none", ">f8")),
+    ({"zarr_format": 2, "filters": [numcodecs.Delta(dtype="f8")], "compressors": numcodecs.Zstd()},
+     ("C", "delta+zstd", "<f8")),
+    ({"zarr_format": 2, "filters": [numcodecs.AsType(encode_dtype="f4", decode_dtype="f8")], "compressors": None},
+     ("C", "astype", "<f8")),
+])
+def test_info_reports_how_foreign_zarr_chunks_are_stored(tmp_path, rng, layout, facts):
+    """Arrays other writers made: the order, filters and byte order of their chunks, not those of what
+    reads return (which are C, the values, native): a Fortran-ordered or transposed array had read
+    ``order C``, a delta-encoded or float32-stored one ``codec none``, a big-endian v3 one ``<f8``.
+    The values read are zarr's either way."""
+    a = rng.standard_normal((10, 6))
+    z = zarr.create_array(tmp_path / "f.zarr", shape=a.shape, chunks=(4, 4), dtype="f8", **layout)
+    z[:] = a
+    d = inspect(tmp_path / "f.zarr")
+    assert (d["order"], d["codec"], d["dtype"]) == facts
+    np.testing.assert_array_equal(blocklin.open(tmp_path / "f.zarr").to_numpy(), z[:])
 
 
 def test_info_says_where_a_first_pass_takes_its_peaks(files, capsys):

@@ -20,7 +20,8 @@ from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
 from blocklin.storage.versions import VERSIONS_KEY
 from blocklin.storage.formats.base import Reader, Writer, check_2d, check_matrix_dtype
-from blocklin.storage.zarr_store import create_array, describe_codecs, open_zarr, read_block, write_block
+from blocklin.storage.zarr_store import (create_array, describe_codecs, open_zarr, read_block, stored_dtype,
+                                         stored_order, write_block)
 
 
 class ZarrReader(Reader):
@@ -40,7 +41,7 @@ class ZarrReader(Reader):
         self.dtype = check_matrix_dtype(self._arr.dtype, "zarr input")
         self.chunks = tuple(int(c) for c in (self._arr.shards or self._arr.chunks)) + (1,) * (2 - self.ndim)
         self.chunk_bytes = int(np.prod(self.chunks)) * self.dtype.itemsize
-        self.order = "C"
+        self.order = "C"  # the order of the blocks it returns; describe() reports the chunks' own
 
     def read(self, rows: slice, cols: slice) -> np.ndarray:
         r0, r1, _ = rows.indices(self.shape[0])
@@ -59,6 +60,7 @@ class ZarrReader(Reader):
         d = super().describe()
         prov = self._arr.attrs.get("blocklin")
         d.update(codec=describe_codecs(self._arr), zarr_format=self._arr.metadata.zarr_format,
+                 order=stored_order(self._arr), dtype=stored_dtype(self._arr).str,
                  chunks=list(self._arr.chunks), shards=list(self._arr.shards) if self._arr.shards else None,
                  bytes_on_disk=self._loc and backend(self._loc).size(""),
                  checksum=any("crc32c" in type(c).__name__.lower() for c in _codecs(self._arr)),
