@@ -254,3 +254,45 @@ def test_vector_chunks_written_past_the_length_then_resized(tmp_path):
     assert not list((tmp_path / "v.zarr").rglob("*.tmp-*"))
     assert vector_chunk_files(create_array(tmp_path / "z.zarr", shape=(8,), dtype="int32", chunks=(4,),
                                            codec="zstd")) is None
+
+
+_FOREIGN = {  # zarr's own layouts blocklin did not write, each with chunks never written (the fill value)
+    "v3 '.' keys, fill 5": dict(chunk_key_encoding={"name": "default", "separator": "."}, fill_value=5.0,
+                                compressors=None),
+    "v3 v2 keys": dict(chunk_key_encoding={"name": "v2", "separator": "."}, fill_value=5.0, compressors=None),
+    "v3 big-endian": dict(serializer=zarr.codecs.BytesCodec(endian="big"), fill_value=5.0, compressors=None),
+    "v3 transposed": dict(filters=[zarr.codecs.TransposeCodec(order=(1, 0))], fill_value=5.0, compressors=None),
+    "v3 blosc bitshuffle, fill nan": dict(compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="bitshuffle"),
+                                          fill_value=float("nan")),
+    "v3 zstd + crc32c": dict(compressors=(zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()), fill_value=5.0),
+    "v3 sharded": dict(shards=(16, 12), fill_value=5.0, compressors=None),
+    "v2 order F, '/' keys": dict(zarr_format=2, order="F", fill_value=5.0, compressors=None,
+                                 chunk_key_encoding={"name": "v2", "separator": "/"}),
+    "v2 big-endian": dict(zarr_format=2, dtype=">f8", fill_value=5.0, compressors=None),
+}
+
+
+@pytest.mark.parametrize("name", list(_FOREIGN))
+def test_foreign_layouts_read_as_zarr_reads_them(tmp_path, name):
+    """Every layout the direct readers do not take is left to zarr, whose values (missing chunks
+    included) every read and every pass sees: a chunk file misread as C-ordered little-endian bytes, or
+    a missing one taken for zeros, would be a silently wrong matrix."""
+    import blocklin
+    from support.tolerances import assert_gram
+
+    kw = dict(_FOREIGN[name])
+    x = np.random.default_rng(2).standard_normal((37, 23))
+    z = zarr.create_array(store=str(tmp_path / "f.zarr"), shape=x.shape, chunks=(8, 6), dtype=kw.pop("dtype", "f8"),
+                          **kw)
+    z[:16] = x[:16]
+    z[32:] = x[32:]  # rows 16:32 never written: the fill value
+    ref = z[...]
+    assert np.all((ref[16:32] == 5) | np.isnan(ref[16:32]))
+    for rows, cols in [(slice(0, 37), slice(0, 23)), (slice(3, 30), slice(2, 21)), (slice(9, 12), slice(0, 23))]:
+        np.testing.assert_array_equal(read_block(z, rows, cols), ref[rows, cols])
+        out = np.empty((rows.stop - rows.start, cols.stop - cols.start))
+        np.testing.assert_array_equal(read_block(z, rows, cols, out=out), ref[rows, cols])
+    np.testing.assert_array_equal(blocklin.open(tmp_path / "f.zarr").to_numpy(), ref)
+    if np.isfinite(ref).all():  # a pass over it (strips through the direct, decoding or zarr readers)
+        g = blocklin.gram(tmp_path / "f.zarr", tmp_path / "g.zarr").to_numpy()
+        assert_gram(g, ref.T @ ref, ref)
