@@ -486,7 +486,8 @@ class DecodedChunks:
 
     Each chunk touched is read whole and decoded by numcodecs into the destination when the block
     holds the whole chunk, else into a chunk buffer whose wanted part is copied; a chunk whose
-    header does not declare exactly one chunk of bytes is an error (zarr then names it). A missing
+    header declares other than one chunk of bytes is an error (zarr then names it), and a zstd frame
+    that declares no size is decoded into a buffer of its own and its length checked. A missing
     chunk is the fill value.
     """
 
@@ -524,9 +525,19 @@ class DecodedChunks:
         target = dest if whole else pool.empty(self.chunks, self.dtype)
         try:
             readstats.count(frame.nbytes)
-            if self._size(frame) != self.chunk_bytes:
-                raise FormatError(f"the chunk's codec header declares {self._size(frame)} bytes, not {self.chunk_bytes}")
-            self._codec.decode(frame, out=target.reshape(-1).view(np.uint8))
+            declared = self._size(frame)
+            if declared is None:
+                # A valid zstd frame need not declare its size (a streaming encoder's does not), and zarr
+                # reads it: decoded into a buffer of numcodecs' own (a chunk, which no plan counts; such
+                # frames are other writers'), then checked and copied. It had been refused as damaged.
+                data = np.frombuffer(self._codec.decode(frame), np.uint8)
+                if data.nbytes != self.chunk_bytes:
+                    raise FormatError(f"the chunk decodes to {data.nbytes} bytes, not {self.chunk_bytes}")
+                target.reshape(-1).view(np.uint8)[:] = data
+            elif declared != self.chunk_bytes:
+                raise FormatError(f"the chunk's codec header declares {declared} bytes, not {self.chunk_bytes}")
+            else:
+                self._codec.decode(frame, out=target.reshape(-1).view(np.uint8))
             if not whole:
                 dest[...] = target[r0:r0 + dest.shape[0], c0:c0 + dest.shape[1]]
         finally:

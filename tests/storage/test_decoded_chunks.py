@@ -115,6 +115,34 @@ def test_a_chunk_of_another_shape_is_refused(tmp_path):
         read_block(arr, slice(0, 32), slice(0, 32), out=np.empty((32, 32)))
 
 
+def _zstd_frame_without_size(raw: bytes) -> bytes:
+    """One zstd frame holding ``raw`` in one raw block, its header declaring no content size (as a
+    streaming encoder writes it): magic, a frame header of no flags, a window descriptor of 1 KiB."""
+    assert len(raw) <= 1024
+    return (0xFD2FB528).to_bytes(4, "little") + bytes([0, 0]) + ((len(raw) << 3) | 1).to_bytes(3, "little") + raw
+
+
+def test_a_zstd_frame_that_declares_no_size_reads_as_zarr_reads_it(tmp_path):
+    """A valid frame without a content size in its header (zarr decodes it) had been refused as a
+    damaged chunk with the fix 're-create it'; one decoding to other than a chunk is still refused."""
+    x = np.random.default_rng(5).standard_normal((16, 6))
+    arr = _array(tmp_path / "x.zarr", x, "zstd", chunks=(8, 6))
+    chunk = tmp_path / "x.zarr" / "c" / "1" / "0"
+    chunk.write_bytes(_zstd_frame_without_size((x[8:] + 1).tobytes()))
+    ref = zarr.open_array(str(tmp_path / "x.zarr"))[...]
+    np.testing.assert_array_equal(ref[8:], x[8:] + 1)
+    assert rawchunks.decoded_access(arr) is not None
+    for rows, cols in [(slice(0, 16), slice(0, 6)), (slice(5, 12), slice(1, 4))]:
+        out = np.empty((rows.stop - rows.start, cols.stop - cols.start))
+        np.testing.assert_array_equal(read_block(arr, rows, cols, out=out), ref[rows, cols])
+    chunk.write_bytes(_zstd_frame_without_size(x[8:12].tobytes()))  # half a chunk
+    with pytest.raises(StoreReadError, match="chunk c/1/0"):
+        read_block(arr, slice(0, 16), slice(0, 6), out=np.empty((16, 6)))
+    chunk.write_bytes(b"\0" * 40)  # not a zstd frame at all
+    with pytest.raises(StoreReadError, match="chunk c/1/0"):
+        read_block(arr, slice(0, 16), slice(0, 6), out=np.empty((16, 6)))
+
+
 def test_a_failing_lane_waits_for_the_others_before_raising():
     """An error (or an interrupt) in one decode lane: no other lane still runs once the read returns."""
     running = [0]
