@@ -164,7 +164,8 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         residuals = np.empty((0,), dtype=dtype)
         if rank == n and m > n:  # NumPy's rule: residuals only for a full-rank overdetermined system
             r = bb - _product(a, x, s.dtype, trans_a=False, settings=settings)
-            residuals = np.sum(r * r, axis=0).astype(dtype)
+            with np.errstate(over="ignore"):  # beyond the dtype's range: Inf, as NumPy's lstsq returns it
+                residuals = np.sum(r * r, axis=0).astype(dtype)
             passes += 1
     finally:
         _drop(U, group=True)

@@ -69,7 +69,8 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             e = ec - es - sa.exponent
             # NumPy's rule: residuals only for a full-rank overdetermined system; ||T e_j||^2 of the
             # pass's residual factor (no difference of squares)
-            residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))
+            with np.errstate(over="ignore"):  # beyond float64's range: Inf, as NumPy's lstsq returns it
+                residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))
         else:
             r = _in_range(job, sa, lambda sc: _r_of_transpose(job, A, sc), lambda out: out)
             _, s, zh = np.linalg.svd(r, full_matrices=False)  # 2^-ea A^T = Q W S Z^H
