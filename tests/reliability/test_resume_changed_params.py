@@ -329,3 +329,69 @@ def test_runs_interrupted_on_a_cluster_resume_there_or_locally(tmp_path, monkeyp
     for u, v in zip(got, ref):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
     np.testing.assert_array_equal(x.to_numpy(), y.to_numpy())
+
+
+def _codec(path) -> str:
+    """The compression of the zarr array at ``path``, as its metadata names it."""
+    import zarr
+
+    from blocklin.storage.zarr_store import describe_codecs
+
+    return describe_codecs(zarr.open_array(str(path), mode="r"))
+
+
+def _sparse_product_inputs(folder) -> None:
+    """A stored 400 x 300 sparse ``S`` (5% of its entries) and a dense 300 x 40 ``B`` under ``folder``."""
+    import scipy.sparse as sp
+
+    bl.from_sparse(sp.random(400, 300, density=0.05, random_state=1, format="csr"), folder / "S.zarr")
+    bl.from_array(np.random.default_rng(0).standard_normal((300, 40)), folder / "B.zarr", chunks=(60, 40))
+
+
+def _codec_case(operation: str, folder):
+    """Inputs under ``folder`` for ``operation`` and the call that writes its output ``R.zarr`` there."""
+    rng = np.random.default_rng(0)
+    if operation == "matmul":
+        bl.from_array(rng.standard_normal((256, 192)), folder / "A.zarr", chunks=(32, 32))
+        bl.from_array(rng.standard_normal((192, 160)), folder / "B.zarr", chunks=(32, 32))
+        return lambda f, **kw: bl.matmul(f / "A.zarr", f / "B.zarr", f / "R.zarr", memory="96KiB", **kw)
+    if operation == "matmul-update":
+        bl.from_array(rng.standard_normal((400, 40)), folder / "A.zarr", chunks=(40, 40))
+        bl.from_array(rng.standard_normal((400, 2)), folder / "B.zarr", chunks=(40, 2))
+        bl.matmul(folder / "A.zarr", folder / "B.zarr", folder / "R.zarr", trans_a=True, memory="96KiB")
+        bl.append(folder / "A.zarr", rng.standard_normal((120, 40)))
+        bl.append(folder / "B.zarr", rng.standard_normal((120, 2)))
+        return lambda f, **kw: bl.update(f / "R.zarr", memory="96KiB", **kw)
+    _sparse_product_inputs(folder)
+    if operation == "sparse-matmul":
+        return lambda f, **kw: bl.matmul(f / "S.zarr", f / "B.zarr", f / "R.zarr", memory="256KiB", **kw)
+    return lambda f, **kw: bl.gram(f / "S.zarr", f / "R.zarr", memory="4MiB", **kw)  # sparse-gram
+
+
+@pytest.mark.parametrize("operation", ["matmul", "matmul-update", "sparse-matmul", "sparse-gram"])
+def test_product_resumed_with_another_codec_is_started_over(tmp_path, monkeypatch, operation):
+    """The output codec (``codec`` of the config, ``BLOCKLIN_CODEC``) is no part of these products' plans,
+    and a resumed run writes into the array the interrupted one created: a run interrupted just before its
+    commit under ``codec="gzip"`` and resumed under ``"zstd"`` must start over and store its result with
+    zstd, as a fresh run does (it had kept every tile and committed a gzip array, no word said). Both codecs
+    compress, so the dense product's plan (direct chunk writes only without one) is the same for both."""
+    import shutil
+
+    import blocklin.storage.atomic as atomic
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    run.mkdir()
+    go = _codec_case(operation, run)
+    shutil.copytree(run, fresh)
+    interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
+    with bl.config.set(codec="gzip"), pytest.raises(KeyboardInterrupt):
+        go(run)
+    monkeypatch.undo()
+    assert _partials(run, "R.zarr")
+    with bl.config.set(codec="zstd"):
+        got = go(run, resume=True)
+        ref = go(fresh)
+    assert got.report["skipped"] == 0
+    assert _codec(run / "R.zarr") == _codec(fresh / "R.zarr") == "zstd"
+    np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
+    assert not _partials(run, "R.zarr")

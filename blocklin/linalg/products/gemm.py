@@ -25,7 +25,7 @@ from blocklin.plan.rechunk import rechunk_advice
 from blocklin.plan.thin import ThinPlan
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.tiles import GemmSpec, gemm_runs, gemm_tiles, tile_peaks
 from blocklin.linalg.products.thin import run_thin, thin_plan
 from blocklin.operands import temp_root
@@ -128,10 +128,14 @@ class Gemm:
         """Where the plan's k-panels re-read chunks of A or B, the rechunk that avoids it."""
         return read_advice(self.A, self.B, plan, trans_a=self.trans_a, trans_b=self.trans_b)
 
-    def token(self, plan: GemmPlan | ThinPlan) -> str:
+    def token(self, plan: GemmPlan | ThinPlan, settings: tuple = ()) -> str:
         """Deterministic in the inputs, parameters and plan, tiles' or thin route's (what resuming an
-        output checks: a partial of one route is never taken up by the other)."""
-        return resume_token("matmul", self.operands, self.params(), plan.to_dict())
+        output checks: a partial of one route is never taken up by the other), and the job's ``settings``
+        (:func:`~blocklin.storage.identity.plan_settings`): the plan names no output codec, and a resumed
+        run writes into the array the interrupted one created, so a run resumed under another codec
+        would keep the first one's."""
+        return resume_token("matmul", self.operands, self.params(), plan.to_dict(),
+                            *((settings,) if settings else ()))
 
     def params(self) -> dict:
         p = {"alpha": self.alpha, "beta": self.beta, "trans_a": self.trans_a, "trans_b": self.trans_b,
@@ -445,14 +449,14 @@ def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | Non
 
 def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,
            resume: bool, peaks: PeakTally | None = None, **report: Any) -> Matrix:
-    """Claim ``out`` (resumable by ``op.token(plan)``), create its array in ``plan.out_chunks``, ``run`` the
-    route into it (given the claimed output), then report (with ``report``'s entries) and commit: the tail
+    """Claim ``out`` (resumable by ``op.token(plan, plan_settings(job))``), create its array in
+    ``plan.out_chunks``, ``run`` the route into it (given the claimed output), then report (with ``report``'s entries) and commit: the tail
     of both dense routes, the tiles and the thin product's row pass.
 
     ``peaks``: the tally ``run`` filled with the output's peaks, recorded once the output is committed
     (:func:`~blocklin.storage.recorded_peaks.record`: nothing where it is incomplete or not finite); the
     report's ``output_peaks_recorded`` says whether it was."""
-    ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan),
+    ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan, plan_settings(job)),
                    size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     run(ao)

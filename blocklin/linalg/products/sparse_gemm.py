@@ -35,7 +35,7 @@ from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import open_array, with_task_settings
 from blocklin.sparse import SparseMatrix
 from blocklin.storage.atomic import is_done, mark_done, open_or_create_array
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.location import Location
 from blocklin.storage.sparse import SparseStore
 from blocklin.storage.zarr_store import read_block, write_block
@@ -519,8 +519,9 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
         params = {"trans_a": bool(trans_a), "dtype": dt.name, "route": "sparse"}
         if dense_left:
             params.update(dense_left=True, trans_dense=bool(trans_dense))
-        # check_finite too: tiles an unchecked run marked done were never checked for sums out of range
-        token = resume_token("matmul-sparse", [s, B], params, plan.to_dict(), job.check_finite)
+        # check_finite too: tiles an unchecked run marked done were never checked for sums out of range;
+        # the job's settings: the codec of the array a resumed run writes into
+        token = resume_token("matmul-sparse", [s, B], params, plan.to_dict(), job.check_finite, plan_settings(job))
         out_shape, out_chunks = plan.out_shape, plan.out_chunks
         if dense_left:
             out_shape, out_chunks = out_shape[::-1], out_chunks[::-1]
@@ -653,7 +654,8 @@ def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwri
         dt = _real_dtype([s], dtype, "gram")
         plan = plan_sparse("STS", s, n, memory=job.cfg.memory, out_item=dt.itemsize)
         params = {"trans": False, "dtype": dt.name, "route": "sparse"}
-        token = resume_token("gram-sparse", [s], params, plan.to_dict())
+        # the job's settings: the codec of the array a resumed run writes into
+        token = resume_token("gram-sparse", [s], params, plan.to_dict(), plan_settings(job))
         ao = job.output(out, inputs=[s.path], overwrite=overwrite, resume=resume, token=token, size=((n, n), dt))
         band = max(1, min(n, (1 << 20) // max(1, n * dt.itemsize) or 1))
         open_or_create_array(ao, shape=(n, n), dtype=dt, chunks=(band, max(1, n)), codec=job.cfg.codec)

@@ -19,7 +19,7 @@ from blocklin.linalg.update.gram import copied_before_claim, update_gram
 from blocklin.operands import row_range
 from blocklin.runtime.job import Job
 from blocklin.storage.atomic import open_or_create_array
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.location import Location
 from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
 from blocklin.storage.versions import Growth
@@ -54,7 +54,9 @@ def update_matmul(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                  alpha=float(params.get("alpha", 1.0)), beta=1.0, trans_a=True, dtype=params.get("dtype"),
                  precision=params.get("precision"))
     plan = op.plan(job)
-    token = resume_token("matmul-update", op.operands, ga.stamp, gb.stamp, out.url, plan.to_dict())
+    # the job's settings: the codec of the array a resumed run writes into (see Gemm.token)
+    token = resume_token("matmul-update", op.operands, ga.stamp, gb.stamp, out.url, plan.to_dict(),
+                         plan_settings(job))
     ao = job.claim(out, [A, B], overwrite=True, resume=resume, token=token, reads_output=True,
                    size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
