@@ -395,3 +395,76 @@ def test_product_resumed_with_another_codec_is_started_over(tmp_path, monkeypatc
     assert _codec(run / "R.zarr") == _codec(fresh / "R.zarr") == "zstd"
     np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
     assert not _partials(run, "R.zarr")
+
+
+def _layout_case(operation: str, folder):
+    """Inputs under ``folder`` for ``operation`` and the call that writes its output ``R.zarr`` there
+    (dense products and factors of a 240 x 240 or 256 x 192 input in 40- or 32-wide chunks)."""
+    rng = np.random.default_rng(2)
+    if operation in ("matmul", "gram"):
+        bl.from_array(rng.standard_normal((256, 192)), folder / "A.zarr", chunks=(32, 32))
+        bl.from_array(rng.standard_normal((192, 160)), folder / "B.zarr", chunks=(32, 32))
+        if operation == "gram":
+            return lambda f, **kw: bl.gram(f / "A.zarr", f / "R.zarr", memory="256KiB", **kw)
+        return lambda f, **kw: bl.matmul(f / "A.zarr", f / "B.zarr", f / "R.zarr", memory="96KiB", **kw)
+    if operation.startswith("sparse"):
+        _sparse_product_inputs(folder)
+        if operation == "sparse-matmul":
+            return lambda f, **kw: bl.matmul(f / "S.zarr", f / "B.zarr", f / "R.zarr", memory="256KiB", **kw)
+        return lambda f, **kw: bl.gram(f / "S.zarr", f / "R.zarr", memory="4MiB", **kw)
+    x = rng.standard_normal((240, 240))
+    if operation == "convert":
+        np.save(folder / "A.npy", x)
+        return lambda f, **kw: bl.convert(f / "A.npy", f / "R.zarr", memory="128KiB", **kw)
+    bl.from_array(x @ x.T + 240 * np.eye(240), folder / "A.zarr", chunks=(40, 40))
+    factor = getattr(bl, operation)
+    more = {"method": "tiled"} if operation == "qr" else {}
+    return lambda f, **kw: factor(f / "A.zarr", f / "R.zarr", memory="1MiB", scheduler="sync", **more, **kw)
+
+
+@pytest.mark.parametrize("operation,first,second", [
+    ("matmul", {"out_chunks": (32, 32)}, {"out_chunks": (64, 64)}),
+    ("matmul", {}, {"dtype": "float32"}),
+    ("gram", {}, {"dtype": "float32"}),
+    ("sparse-matmul", {}, {"dtype": "float32"}),
+    ("sparse-gram", {}, {"dtype": "float32"}),
+    ("convert", {"chunks": (40, 40)}, {"chunks": (60, 60)}),
+    ("convert", {"chunks": (40, 40)}, {"chunks": (40, 40), "dtype": "float32"}),
+    ("cholesky", {"tile": 40}, {"tile": 80}),
+    ("lu", {"tile": 40}, {"tile": 80}),
+    ("qr", {"tile": 40}, {"tile": 80}),
+])
+def test_resumed_with_other_output_chunks_or_dtype_is_started_over(tmp_path, monkeypatch, operation, first, second):
+    """A run interrupted just before its commit and resumed with other output chunks (``out_chunks``,
+    convert's ``chunks``, a factor's ``tile``) or another output ``dtype`` gives the fresh run's output,
+    of its chunks, dtype and bits, and reuses nothing of the interrupted run."""
+    import shutil
+
+    import zarr
+
+    import blocklin.storage.atomic as atomic
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    run.mkdir()
+    go = _layout_case(operation, run)
+    shutil.copytree(run, fresh)
+    interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
+    with pytest.raises(KeyboardInterrupt):
+        go(run, **first)
+    monkeypatch.undo()
+    assert _partials(run, "R.zarr")
+    got = go(run, resume=True, **second)
+    go(fresh, **second)
+    assert not _partials(run, "R.zarr")
+    mine, ref = zarr.open(str(run / "R.zarr"), mode="r"), zarr.open(str(fresh / "R.zarr"), mode="r")
+    if isinstance(ref, zarr.Group):  # a factor's group: L, or L U and the pivots, or R
+        mine, ref = dict(mine.arrays()), dict(ref.arrays())
+    else:
+        mine, ref = {"": mine}, {"": ref}
+    assert sorted(mine) == sorted(ref)
+    for name, y in ref.items():
+        x = mine[name]
+        assert (x.dtype, x.chunks) == (y.dtype, y.chunks), name
+        np.testing.assert_array_equal(x[...], y[...])
+    report = got if isinstance(got, dict) else got.report
+    assert not report.get("skipped", report.get("blocks_skipped")), report
