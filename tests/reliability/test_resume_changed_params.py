@@ -471,3 +471,55 @@ def test_resumed_with_other_output_chunks_or_dtype_is_started_over(tmp_path, mon
         np.testing.assert_array_equal(x[...], y[...])
     report = got if isinstance(got, dict) else got.report
     assert not report.get("skipped", report.get("blocks_skipped")), report
+
+
+def _stored_update_case(kind: str, folder):
+    """An updatable result ``R.zarr`` of a 400 x 40 ``A`` (and 400 x 2 ``B``) under ``folder``, then 120 rows
+    appended to each: what ``update`` brings up to date. Returns the budget its update needs."""
+    rng = np.random.default_rng(0)
+    bl.from_array(rng.standard_normal((400, 40)), folder / "A.zarr", chunks=(40, 40))
+    bl.from_array(rng.standard_normal((400, 2)), folder / "B.zarr", chunks=(40, 2))
+    if kind == "qr":
+        bl.qr(folder / "A.zarr", folder / "R.zarr")
+    elif kind == "svd":
+        bl.svd(folder / "A.zarr", 3, out=folder / "R.zarr", updatable=True, seed=0)
+    elif kind == "sketch":
+        bl.svd(folder / "A.zarr", 3, method="sketch", seed=0, out=folder / "R.zarr", updatable=True)
+    else:
+        bl.solve(folder / "A.zarr", folder / "B.zarr", lam=0.1, out=folder / "R.zarr", updatable=True)
+    bl.append(folder / "A.zarr", rng.standard_normal((120, 40)))
+    bl.append(folder / "B.zarr", rng.standard_normal((120, 2)))
+    return "512KiB" if kind == "qr" else "1MiB"
+
+
+@pytest.mark.parametrize("kind", ["qr", "svd", "sketch", "solve"])
+def test_update_resumed_with_other_settings_equals_a_fresh_update(tmp_path, monkeypatch, kind):
+    """The QR, SVD, sketch and solve updates compute the appended rows' terms before they claim the output,
+    and a resumed one writes every array of it again (their tokens name no plan settings, and keep nothing
+    that depends on them): interrupted just before the commit with ``workers=1`` under ``codec="gzip"`` and
+    resumed with ``workers=2`` under ``"zstd"``, each equals a fresh update with the latter, in bits and
+    in the codec of its long arrays."""
+    import shutil
+
+    import zarr
+
+    import blocklin.storage.atomic as atomic
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    run.mkdir()
+    memory = _stored_update_case(kind, run)
+    shutil.copytree(run, fresh)
+    interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
+    with bl.config.set(codec="gzip"), pytest.raises(KeyboardInterrupt):
+        bl.update(run / "R.zarr", memory=memory, workers=1)
+    monkeypatch.undo()
+    assert _partials(run, "R.zarr")
+    with bl.config.set(codec="zstd"):
+        bl.update(run / "R.zarr", memory=memory, workers=2, resume=True)
+        bl.update(fresh / "R.zarr", memory=memory, workers=2)
+    mine, ref = zarr.open(str(run / "R.zarr"), mode="r"), zarr.open(str(fresh / "R.zarr"), mode="r")
+    mine, ref = ({"": mine}, {"": ref}) if isinstance(ref, zarr.Array) else (dict(mine.arrays()), dict(ref.arrays()))
+    assert sorted(mine) == sorted(ref)
+    for name, y in ref.items():
+        np.testing.assert_array_equal(mine[name][...], y[...])
+        assert _codec(run / "R.zarr" / name) == _codec(fresh / "R.zarr" / name), name
