@@ -52,6 +52,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zarr
 
 from blocklin._version import __version__
@@ -661,15 +662,18 @@ def open_or_create_array(ao: AtomicOutput, *, shape: tuple[int, ...], dtype: Any
 
     A partial output without array metadata is what an interrupted run leaves when tasks still
     running after the abort (Ctrl-C stops the scheduler, not the tasks in flight) write into the
-    removed folder: its markers may name chunks the abort deleted, so it is started over.
+    removed folder: its markers may name chunks the abort deleted, so it is started over. So is one
+    whose array has another shape, chunking, dtype or codec than this run's: the resume tokens name
+    what decides those, and this keeps a token that misses one from committing the other run's array.
     """
     from blocklin.errors import StoreNotFoundError, StoreReadError
-    from blocklin.storage.zarr_store import create_array, open_zarr
+    from blocklin.storage.zarr_store import create_array, describe_codecs, open_zarr
 
     if ao.resumed:
         try:
             arr = open_zarr(ao.array_path(), mode="r+", allow_pending=True)
-            if tuple(arr.shape) == tuple(shape) and tuple(arr.chunks) == tuple(chunks):
+            if (tuple(arr.shape) == tuple(shape) and tuple(arr.chunks) == tuple(chunks)
+                    and np.dtype(arr.dtype) == np.dtype(dtype) and describe_codecs(arr) == (codec or "none").lower()):
                 return arr
         except (StoreReadError, StoreNotFoundError):
             pass
@@ -706,8 +710,6 @@ def _now() -> str:
 
 
 def _json_default(obj: Any) -> Any:
-    import numpy as np
-
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):

@@ -400,6 +400,32 @@ def test_product_resumed_with_another_codec_is_started_over(tmp_path, monkeypatc
     assert not _partials(run, "R.zarr")
 
 
+def test_resumed_array_of_another_codec_is_created_again(tmp_path, monkeypatch):
+    """The second line of defence: where a token missed the codec (the matmul's token without the job's
+    settings, as it had been), the resumed run finds the interrupted one's array stored with another codec
+    and creates it again (``atomic.open_or_create_array``), rather than committing it."""
+    import shutil
+
+    import blocklin.linalg.products.gemm as gemm
+    import blocklin.storage.atomic as atomic
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    run.mkdir()
+    go = _codec_case("matmul", run)
+    shutil.copytree(run, fresh)
+    monkeypatch.setattr(gemm, "plan_settings", lambda job: ())
+    with monkeypatch.context() as m:
+        interrupt_after(m, atomic.AtomicOutput, "commit", 0)
+        with bl.config.set(codec="gzip"), pytest.raises(KeyboardInterrupt):
+            go(run)
+    with bl.config.set(codec="zstd"):
+        got = go(run, resume=True)
+        ref = go(fresh)
+    assert got.report["skipped"] == 0
+    assert _codec(run / "R.zarr") == _codec(fresh / "R.zarr") == "zstd"
+    np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
+
+
 def _layout_case(operation: str, folder):
     """Inputs under ``folder`` for ``operation`` and the call that writes its output ``R.zarr`` there
     (dense products and factors of a 240 x 240 or 256 x 192 input in 40- or 32-wide chunks)."""
