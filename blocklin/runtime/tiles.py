@@ -252,6 +252,12 @@ class GemmSpec:
     #: The peaks each tile returns of the strips it wrote (``peaks`` in its result): each column's
     #: (False), each row's (True, a wide output), none (None). See :func:`tile_peaks`.
     peaks: bool | None = None
+    #: Path of a stored ``1 x K`` row ``s`` (``K`` the inner dimension) that both operands' panels are
+    #: shifted by as they are read, in the compute dtype: ``op(A) - 1 s^T`` and ``op(B) - s 1^T`` except
+    #: op(B)'s first column, read as stored. The wide solve's intercept: with ``s = a_1`` (row 0 of ``A``)
+    #: ``A A^T`` becomes ``A_s A_s^T`` (``A_s = A - 1 a_1^T``, rounded relative to the spread of the columns,
+    #: not their means) with ``A_s a_1`` in its first column (where ``A_s A_s^T`` has zeros).
+    shift: str | None = None
 
 
 class Epilogue:
@@ -468,6 +474,7 @@ class _PanelReader:
         self.dtype = dt = np.dtype(spec.dtype)
         self.panels = spec.plan.k_panels()
         self.casts = (self.A.dtype != dt, self.B.dtype != dt)
+        self.shift = open_array(spec.shift) if spec.shift is not None else None
         self.nbytes = 0
         # Each part of op(A) and op(B) is checked for NaN/Inf by one tile only, the first of its tile
         # row (A) or column (B): every tile runs before the output is committed, so a non-finite
@@ -483,6 +490,7 @@ class _PanelReader:
         spec = self.spec
         ks = slice(*self.panels[p])
         out: list = []
+        shift = self._shift(ks) if self.shift is not None else None
         for arr, buf, trans, cast, name, sel, off, check, cached in (
             (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off, self.checks[0],
              skip[0]),
@@ -504,8 +512,20 @@ class _PanelReader:
                 check_finite(view, name, *stored)
             if cast:
                 view = view.astype(self.dtype)
-            out.append(view.T if trans else view)
+            op = view.T if trans else view
+            if shift is not None and not out:  # op(A) - 1 s^T, in the panel's slot (a read copy, or the cast's)
+                np.subtract(op, shift[None, :], out=op)
+            elif shift is not None:  # op(B) - s 1^T, its column 0 of the whole product kept as read
+                keep = 1 if self.cols.start == 0 else 0
+                np.subtract(op[:, keep:], shift[:, None], out=op[:, keep:])
+            out.append(op)
         return tuple(out)
+
+    def _shift(self, ks: slice) -> np.ndarray:
+        """The k-range ``ks`` of the spec's shift row, in the compute dtype."""
+        s = read_block(self.shift, slice(0, 1), ks)
+        self.nbytes += s.nbytes
+        return np.asarray(s[0], dtype=self.dtype)
 
 
 class _GemmTile:

@@ -64,6 +64,9 @@ class Gemm:
     compute: Any = None
     #: ``precision=`` as normalized (``"default"``, ``"float64"``, ``"float32"``, ``"tf32"``).
     precision: str = "default"
+    #: A stored ``1 x K`` row both operands are shifted by as they are read (:attr:`GemmSpec.shift
+    #: <blocklin.runtime.tiles.GemmSpec.shift>`; set with :func:`dataclasses.replace`), or None.
+    shift: Any = None
 
     def __post_init__(self) -> None:
         if self.compute is None:  # built without of(): computed in the output dtype
@@ -142,6 +145,8 @@ class Gemm:
              "dtype": self.dtype.name}
         if self.precision != "default":
             p["precision"] = self.precision
+        if self.shift is not None:  # its values are a row of A (the solve's own scratch): named by A
+            p["shift"] = True
         return p
 
     @property
@@ -165,7 +170,8 @@ class Gemm:
                         out_dtype=self.dtype.name if self.compute != self.dtype else None,
                         # rows of a stored operand from a stored row on (appended rows, operands.row_range)
                         a_off=(getattr(self.A, "first_row", 0), 0), b_off=(getattr(self.B, "first_row", 0), 0),
-                        peaks=None if peaks is None else peaks.transposed)
+                        peaks=None if peaks is None else peaks.transposed,
+                        shift=self.shift)
         for note in self.read_advice(plan):
             job.note_reads(note)
         graph = TileGraph.named("gemm", self.token(plan))

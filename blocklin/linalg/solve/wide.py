@@ -59,7 +59,7 @@ def _wide_gram(ctx: TikhonovRun) -> dict:
     except BudgetError:
         if ctx.cdtype != "float64":
             raise _complex_gemm_refusal(ctx) from None
-    return {"g": _wide_gram_gemm(ctx), "ea": 0}
+    return _wide_gram_gemm(ctx) | {"ea": 0}
 
 
 def _complex_gemm_refusal(ctx: TikhonovRun) -> Exception:
@@ -75,14 +75,46 @@ def _complex_gemm_refusal(ctx: TikhonovRun) -> Exception:
                             f"raise memory= to at least {format_size(2 * need)}"), minimum=2 * need)
 
 
-def _wide_gram_gemm(ctx: TikhonovRun) -> np.ndarray:
-    """``A A^T`` (``m x m``, in memory) by an out-of-core GEMM into a scratch store."""
+def _wide_gram_gemm(ctx: TikhonovRun) -> dict:
+    """``{"g": A A^T}`` (``m x m``, in memory) by an out-of-core GEMM into a scratch store; with an intercept
+    ``{"g": A_s A_s^T, "v": A_s a_1}`` of ``A_s = A - 1 a_1^T``, as the SYRK pass sums them.
+
+    The intercept's GEMM reads its panels less the k-range of ``a_1`` (row 0 of ``A``, copied to a scratch
+    row; :attr:`~blocklin.runtime.tiles.GemmSpec.shift`), op(B)'s column 0 excepted: that column is then
+    ``A_s a_1`` and ``A_s A_s^T``'s own is zero (``A_s``'s row 0 is). The uncentered ``A A^T`` had rounded
+    relative to the column means: ``c^2 eps`` lost for means ``c`` times the spread (``c = 1e6``: ``x`` 1e-3
+    off, warned); no copy of ``A`` is written."""
+    import dataclasses
+
     job = ctx.job
     gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
+    if ctx.intercept:
+        gram = dataclasses.replace(gram, shift=_first_row_store(ctx))
     plan = gram.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
     g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)
-    gram.run(job, plan, g_path, description="Gram matrix A A^T", count_pass="a")
-    return open_zarr(g_path)[...]
+    gram.run(job, plan, g_path, description="Gram matrix A A^T" + (" of the columns less their first entries"
+                                                                    if ctx.intercept else ""), count_pass="a")
+    g = open_zarr(g_path)[...]
+    if not ctx.intercept:
+        return {"g": g}
+    v = g[:, 0].copy()
+    g[:, 0] = 0.0
+    return {"g": g, "v": v}
+
+
+def _first_row_store(ctx: TikhonovRun) -> Any:
+    """Row 0 of ``A`` (float64, ``1 x n``) in a scratch store chunked as ``A``'s columns, copied chunk by chunk
+    (the shift of the intercept's GEMM, :func:`_wide_gram_gemm`)."""
+    from blocklin.storage.zarr_store import open_cached, read_block, write_block
+
+    n, step = ctx.n, max(1, int(ctx.A.chunks[1]))
+    path = ctx.job.scratch("first row", (1, n), np.float64, (1, min(n, step)))
+    src, dst = open_cached(ctx.A.path), open_cached(path, "r+")
+    r0 = int(getattr(ctx.A, "first_row", 0))
+    for c0 in range(0, n, step):
+        cols = slice(c0, min(n, c0 + step))
+        write_block(dst, slice(0, 1), cols, np.asarray(read_block(src, slice(r0, r0 + 1), cols), dtype=np.float64))
+    return path
 
 
 def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
