@@ -176,6 +176,21 @@ def test_out_of_core_gram_fallback_keeps_the_pass_accuracy(monkeypatch, mean, we
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [False, True])
+def test_out_of_core_gram_fallback_on_gpu(monkeypatch, tiles):
+    """The shifted panels of the fallback GEMM (shifted on the host as read) through the device's tiles (a GPU,
+    or the CuPy stand-in: ``pytest --cupy-standin``): the pass route's bound, as on the CPU."""
+    a, b, _ = _data(1e6, 1.0, m=20, n=40, k=2)
+    x_ref, _ = _exact(a, b, 0.5)
+    used = _force_gram_gemm(monkeypatch, tiles)
+    x = bl.solve(a, b, lam=0.5, fit_intercept=True, device="gpu", scheduler="sync")
+    assert used and x.report["device"] == "gpu"
+    err = _relerr(x.to_numpy(), x_ref)
+    delta = x.report["condition_estimate"] * EPS
+    assert np.all(err <= delta) and delta < 1e-12, (err, delta)
+
+
+@pytest.mark.gpu
 def test_means_far_past_the_spread_keep_x_on_gpu():
     """The shifted product's GPU branch (a GPU, or the CuPy stand-in: ``pytest --cupy-standin``)."""
     a, b, lam = _data(1e6, 1e-9)
