@@ -302,3 +302,65 @@ def test_explained_variance_of_one_held_out_row(shape):
             assert np.all(np.asarray(x.report["curve"]["fold_scores"]) == 1.0)
     ref = RidgeCV(alphas=alphas, cv=m, scoring="explained_variance").fit(X, y)
     assert ref.best_score_ == 1.0 and ref.alpha_ == alphas[0]
+
+
+@pytest.mark.parametrize("fit_intercept", [False, True])
+def test_kfold_keeps_directions_that_columns_far_apart_determine(fit_intercept):
+    """Columns whose norms are ``1e5`` and ``5e-4`` apart: the training Gram's smallest eigenvalue (``2e-7``) lies
+    under the eigen-decomposition's norm-wise cut ``n eps e_max`` (``1e-5``) but is determined by the data (the
+    Gram rounds relative to its columns), and at ``lam^2 = 1.9e-6`` the fold fits are refitted from the scaled
+    ``D^-1 (G + lam^2 I) D^-1`` (kfold._scaled_fits). The direction had been dropped: the score ``0.0709`` for
+    ``0.0641`` without a word (scikit-learn's ``RidgeCV`` agrees with the exact score to 1e-13).
+
+    Reference: each fold's fit and held-out sums in mpmath (60 digits, the data exact). Bound per fold: the
+    held-out sums' rounding ``(n + 2)^2 eps (||b_f||^2 + |x|^T |G_f| |x|)`` and the fit's, ``dx`` with
+    ``||D dx|| <= (m + n) eps cond(H) ||D x||`` (the Gram's rounding relative to its columns, then Cholesky),
+    reaching the sum of squares as ``2 ||r_f|| ||A_f D^-1|| ||D dx||`` (and its square), over ``sst_f``
+    (``A_f`` the held-out rows as summed: less the first row with an intercept)."""
+    import mpmath as mp
+
+    rng = np.random.default_rng(0)
+    m, n = 200, 6
+    sc = np.ones(n)
+    sc[0], sc[-1] = 1e4, 5e-4
+    a = rng.standard_normal((m, n))
+    a = a / np.linalg.norm(a, axis=0) * sc + rng.random(n) * sc
+    b = a[:, -1] + 1e-4 * rng.standard_normal(m)
+    lam2 = 1.9e-6
+    x = bl.solve(a, b, lam=("loo", [np.sqrt(lam2), 1.0]), cv=5, fit_intercept=fit_intercept)
+    scores, tol = [], 0.0
+    for train, test in KFold(5).split(a):
+        at, af = (a[train], a[test])
+        mu = at.mean(axis=0) if fit_intercept else np.zeros(n)
+        bt_mean = b[train].mean() if fit_intercept else 0.0
+        with mp.workdps(60):
+            ac = mp.matrix((at - mu).tolist()) if not fit_intercept else mp.matrix(
+                [[mp.mpf(float(v)) - mp.fsum(mp.mpf(float(u)) for u in at[:, j]) / len(train) for j, v in enumerate(r)]
+                 for r in at])
+            bc = mp.matrix([mp.mpf(float(v)) - (mp.fsum(mp.mpf(float(u)) for u in b[train]) / len(train)
+                                                if fit_intercept else 0) for v in b[train]])
+            xm = mp.lu_solve(ac.T * ac + lam2 * mp.eye(n), ac.T * bc)
+            x0 = (mp.fsum(mp.mpf(float(u)) for u in b[train]) / len(train) - mp.fsum(
+                mp.fsum(mp.mpf(float(u)) for u in at[:, j]) / len(train) * xm[j] for j in range(n))) if fit_intercept else 0
+            r = [mp.mpf(float(b[i])) - x0 - mp.fsum(mp.mpf(float(a[i, j])) * xm[j] for j in range(n)) for i in test]
+            y = [mp.mpf(float(b[i])) for i in test]
+            ym = mp.fsum(y) / len(y)
+            sse, sst = float(mp.fsum(v**2 for v in r)), float(mp.fsum((v - ym) ** 2 for v in y))
+        scores.append(1 - sse / sst)
+        xr = np.array([float(v) for v in xm])
+        g = (at - mu).T @ (at - mu)
+        d = np.sqrt(np.diag(g) + lam2)
+        h = g / np.outer(d, d) + np.diag(lam2 / d**2)
+        ddx = (m + n) * EPS64 * np.linalg.cond(h) * np.linalg.norm(d * xr)
+        # the held-out sums are taken of the rows less the first row (fit_intercept) and centered from them: their
+        # rounding is relative to |a_i - a_1| <= |a_i| + |a_1|, not to the centered rows
+        held = np.abs(af) + (np.abs(a[0]) if fit_intercept else 0.0)
+        pred = 2 * np.sqrt(sse) * np.linalg.norm(held / d, 2) * ddx
+        pred += (np.linalg.norm(held / d, 2) * ddx) ** 2
+        sums = (n + 2) ** 2 * EPS64 * (np.sum((np.abs(b[test]) + abs(bt_mean)) ** 2) + np.abs(xr) @ held.T @ held
+                                       @ np.abs(xr))
+        tol += (pred + sums) / sst / 5
+    got = x.report["curve"]["score"][0]
+    ref = RidgeCV(alphas=[lam2], cv=5, fit_intercept=fit_intercept).fit(a, b)
+    assert abs(ref.best_score_ - np.mean(scores)) <= tol
+    assert abs(got - np.mean(scores)) <= tol, (got, np.mean(scores), tol)
