@@ -16,6 +16,7 @@ import pytest
 from sklearn.linear_model import RidgeCV
 
 import blocklin as bl
+from blocklin.runtime.powers import ldexp
 
 GRID = np.array([0.1, 1.0, 10.0, 30.0])
 
@@ -53,3 +54,40 @@ def test_scaled_data_chooses_as_unscaled(k, wide, opts):
         assert np.isclose(x.report["best_score_"], plain.report["best_score_"], rtol=1e-10, atol=0)
     elif abs(k) < 500:  # squared errors: 4^k of the unscaled (in range at 2^+-300)
         assert np.isclose(np.ldexp(x.report["best_score_"], -2 * k), plain.report["best_score_"], rtol=1e-10)
+
+
+@pytest.mark.parametrize("q", [(0, -600), (500, -515), (-600, 0)])
+@pytest.mark.parametrize("scoring", [None, "r2", "neg_mean_absolute_error"])
+@pytest.mark.parametrize("opts", [dict(), dict(fit_intercept=True), dict(sample_weight="ramp")],
+                         ids=["plain", "intercept", "weights"])
+@pytest.mark.parametrize("wide", [False, True], ids=["tall", "wide"])
+def test_per_target_columns_far_apart_choose_as_alone(wide, opts, scoring, q):
+    """``lam_per_target`` with a column of ``b`` near ``2^-600`` beside one near 1 (or ``2^500`` and
+    ``2^-515``, within the ``2^1021`` one power of two keeps): one power for ``b`` left that column's squared
+    leave-one-out errors near ``2^-1200``, flushed to 0 for every lambda, and the first grid value won the tie
+    (``0.01`` where the column solved alone chooses 10, ``x`` 3.2x off tall, 970x wide; ``r2`` reported as 1),
+    without a word. Each column's errors are squared divided by its own power of two now: the choice is each
+    column's alone (a grid index: exact; the grid's scores are far from ties), and ``x_j`` is ``2^q_j`` times
+    the unscaled column's solution up to the rounding of two solves of the same problem, ``2 * 8 n eps
+    cond(K)`` with ``cond(K) <= 1 + (s_1 / lam)^2``, below ``1 + 50^2 / 0.01^2`` for these Gaussian ``A``
+    at the grid's smallest ``lam``, and far smaller at the lambdas chosen (bounded by ``cond`` at the choice)."""
+    rng = np.random.default_rng(3)
+    m, n = (6, 15) if wide else (40, 6)
+    a, b = rng.standard_normal((m, n)), rng.standard_normal((m, 2))
+    kw = dict(opts)
+    if kw.get("sample_weight") == "ramp":
+        kw["sample_weight"] = np.linspace(0.5, 2.0, m)
+    grid = [0.01, 0.1, 1.0, 10.0, 100.0]
+    e = np.array(q)
+    x = bl.solve(a, ldexp(b, e[None, :]), lam=("loo", grid), lam_per_target=True, scoring=scoring, **kw)
+    s1 = np.linalg.norm(a, 2)
+    for j in range(2):
+        alone = bl.solve(a, b[:, j:j + 1], lam=("loo", grid), scoring=scoring, **kw)
+        assert x.report["lam"][j] == alone.report["lam"], (j, x.report["lam"], alone.report["lam"])
+        lam = alone.report["lam"]
+        want = np.asarray(alone.to_numpy())[:, 0]
+        got = ldexp(np.asarray(x.to_numpy())[:, j], -int(e[j]))
+        cond = 1 + (s1 / lam) ** 2
+        assert np.linalg.norm(got - want) <= 2 * 8 * n * np.finfo(float).eps * cond * np.linalg.norm(want), j
+        if scoring == "r2":  # scale-free: the column's own score (it had read 1, 0 / 0 of flushed sums)
+            assert np.isclose(x.report["best_score_"][j], alone.report["best_score_"], rtol=1e-10, atol=1e-12)

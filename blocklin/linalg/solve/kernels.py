@@ -26,6 +26,7 @@ from blocklin.linalg.blocks.result_range import scaled_columns
 from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS, sumsq, sumsq_cols
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
+from blocklin.runtime.powers import ldexp
 
 
 def _gram_memory(params: Any, sources: tuple) -> PassMemory:
@@ -234,7 +235,9 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     as ``RidgeCV`` scores it), their squares and absolute values, and the targets' sums about
     ``params["shift"]`` (:class:`~blocklin.linalg.solve.scoring.Stats`); with ``params["errors"]`` (a
     callable scorer) it keeps those errors per row. The sums are weighted by ``w_i``
-    (``RidgeCV`` hands ``sample_weight`` to its scorer). Complex data: the sums of errors and targets complex,
+    (``RidgeCV`` hands ``sample_weight`` to its scorer). With ``params["col_e"]`` (a power of two per
+    right-hand side, :func:`blocklin.linalg.solve.loo.column_powers`) column ``j``'s errors and targets
+    are divided by ``2^col_e[j]`` (exact) before anything is squared, summed or kept. Complex data: the sums of errors and targets complex,
     those of their squares real (``|e_i|^2``, ``|y_i - shift|^2``).
     """
     dt = params["v"].dtype  # float64, complex128 for complex data
@@ -243,8 +246,9 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     lams, k = params["lams"], b.shape[1]
     if state is None:
         state = {"sq": np.zeros((len(lams), k)), "blocks": [], "errors": []}
+    ce = params.get("col_e")  # each column by its own power of two (loo.column_powers): its squares in range
     if params.get("stats"):  # the targets' sums (weighted as the scorer weighs them: RidgeCV's score_params)
-        raw = b - params["shift"]
+        raw = b - params["shift"] if ce is None else ldexp(b - params["shift"], -ce)
         wv = np.asarray(arrays[2], dtype=np.float64) if len(arrays) > 2 else 1.0
         if "sb" not in state:  # the sums of the targets and errors complex for complex data, their squares real
             state.update(sb=np.zeros(k, b.dtype), bb=np.zeros(k), se=np.zeros((len(lams), k), b.dtype),
@@ -278,6 +282,8 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
         fit = (p @ params["coef"]).reshape(len(a), len(lams), k)
         with np.errstate(divide="ignore", invalid="ignore"):
             looe = (b[:, None, :] - fit) / (1.0 - h)[:, :, None]
+    if ce is not None:
+        looe = ldexp(looe, -ce)
     sq = (looe * looe.conj()).real if looe.dtype.kind == "c" else looe * looe
     state["sq"] += sq.sum(axis=0)
     if params["store"]:
@@ -293,7 +299,8 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
             if zero is not None and zero.any():  # left out, a row of weight 0 changes no fit: its error is the
                 # full fit's residual (e / sqrt(w) had been 0 / 0, a NaN prediction handed to the scorer)
                 coef = params["coef"] * params["s2"][:, None] if params.get("ratio") else params["coef"]
-                err[zero] = raw_b[:, None, :] - ((raw_a @ params["v"]) @ coef).reshape(len(raw_a), len(lams), k)
+                full = raw_b[:, None, :] - ((raw_a @ params["v"]) @ coef).reshape(len(raw_a), len(lams), k)
+                err[zero] = full if ce is None else ldexp(full, -ce)
             state["errors"].append((rows.start, err.reshape(len(a), -1)))
     return state, None
 

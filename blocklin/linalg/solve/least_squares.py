@@ -60,6 +60,8 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
         # each column of x its own problem: b's columns far apart are each scaled by their own power of two
         ctx.sb.per_column = True
         job.column_peaks.add(ctx.sb.path)
+    elif kind == "loo" and per_target and k > 1:  # the peaks each column's leave-one-out errors are scaled by
+        job.column_peaks.add(ctx.sb.path)  # (loo.column_powers), recorded by the first pass
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)

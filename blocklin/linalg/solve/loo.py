@@ -19,7 +19,9 @@ As scikit-learn does: rows weighted by ``sqrt(w_i)`` and centered by the (weight
 ``sqrt(w)`` is orthogonal to the centered ones, the correction ``_RidgeGCV`` applies as
 ``d -= sqrt_sw * G^-1 sqrt_sw / sum(sw)``). The score is the mean squared error over the rows and
 right-hand sides (``best_score_`` is its negative), or per right-hand side with ``per_target``
-(``alpha_per_target``); the first grid value of the smallest error wins, as there.
+(``alpha_per_target``); the first grid value of the smallest error wins, as there. Per right-hand side,
+each column's errors are squared divided by a power of two near its own largest entry where one power for
+``b`` would take a column's squares out of float64's range (:func:`column_powers`).
 
 The default grid (``lam="loo"``) spans the GCV grid (:func:`blocklin.linalg.solve.lambda_select.base_grid`)
 widened by :data:`~blocklin.linalg.solve.lambda_select.EXTEND_DECADES` on each side, at
@@ -71,21 +73,23 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     given = bool(ctx.lams)
     grid = np.asarray(ctx.lams, dtype=np.float64) if given else default_grid(spec.s, spec.floor)
     res = _dual(ctx, spec, grid) if spec.dual else _pass(ctx, spec, grid)
-    sq, rows = res["sq"], res.get("rows")
+    rows, ce = res.get("rows"), res.get("col_e")
+    sq = _one_power(None, res["sq"], ce)  # in the units of b scaled by its one power, as the report takes them
     k = sq.shape[1]
     per = sq / ctx.m  # mean squared error per lambda and right-hand side
     mse = sq.sum(axis=1) / (ctx.m * k)
     several = ctx.per_target and k > 1
     if ctx.scoring is None:  # RidgeCV's default: minus the mean squared error
         score_per, score = -per, -mse
+        by_column = -res["sq"] / ctx.m
     else:
-        score_per, score = _scores(ctx, res, len(grid), k, several)
+        score_per, score, by_column = _scores(ctx, res, len(grid), k, several)
 
     def first_max(v: np.ndarray) -> int:
         return int(np.argmax(np.where(np.isfinite(v), v, -np.inf)))
 
-    if several:
-        idx = [first_max(score_per[:, j]) for j in range(k)]
+    if several:  # each column's choice in its own units (column_powers): its squares had underflowed to ties
+        idx = [first_max(by_column[:, j]) for j in range(k)]
         lams = [float(grid[i]) for i in idx]
     else:
         idx = first_max(score)
@@ -130,17 +134,22 @@ def pass_reserve(m: int, n: int, k: int, n_lam: int, store: bool, memory: int, e
     return reserve
 
 
-def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.ndarray | None, np.ndarray]:
+def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.ndarray | None, np.ndarray, Any]:
     """``scoring=``'s score per lambda (``L``) and per lambda and right-hand side (``L x k``; None where a
     callable scores all of them together), RidgeCV's: the scorer on every row's leave-one-out prediction
-    on the unweighted target, in the units of the problem given."""
+    on the unweighted target, in the units of the problem given; and the scores per right-hand side the
+    choice reads (a name's: of each column divided by its own power, ``res["col_e"]``)."""
     from blocklin.linalg.solve import scoring
 
     eb = ctx.sb.exponent if ctx.sb is not None else 0
+    ce = res.get("col_e")
     if isinstance(ctx.scoring, str):  # of the scaled problem's sums: choose() reports them in_units
-        per = scoring.per_target(ctx.scoring, res["stats"])
-        return per, per.mean(axis=1)
-    err = ldexp(res["errors"], eb) if eb else res["errors"]  # m x L x k (complex of complex data)
+        own = scoring.per_target(ctx.scoring, res["stats"])
+        per = _one_power(ctx.scoring, own, ce)
+        return per, per.mean(axis=1), own
+    err = res["errors"]  # m x L x k (complex of complex data), each column by its own power where ce is set
+    e = eb if ce is None else eb + ce
+    err = ldexp(err, e) if np.any(e) else err
     b = _targets(ctx)
     pred = b[:, None, :] - err
     w = _weights(ctx)
@@ -149,7 +158,46 @@ def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.
         per = np.array([[scoring.call(ctx.scoring, pred[:, i, j:j + 1], b[:, j:j + 1], True, w) for j in range(k)]
                         for i in range(n_lam)])
     score = np.array([scoring.call(ctx.scoring, pred[:, i, :], b, k == 1, w) for i in range(n_lam)])
-    return per, score
+    return per, score, per
+
+
+def column_powers(ctx: Any, top: Any = None) -> np.ndarray | None:
+    """The power of two ``c_j`` each right-hand side's leave-one-out errors are divided by before they are
+    squared, where the choice is made per right-hand side (``per_target``, ``k > 1``) and ``b`` (scaled by
+    its one power ``2^eb``) has a column whose largest entry lies outside :func:`safe_range`: its squared
+    errors near ``2^-1200`` (a column near ``2^-600`` beside one near 1) had underflowed to 0 for every
+    lambda, and the first grid value won the tie without a word (another lambda than the column solved
+    alone). ``c_j`` brings column ``j``'s largest entry (``top``; else the peaks its first pass recorded,
+    else read) near 1; the errors are linear in ``b_j``, so each column's comparison is exact and the
+    reported sums are multiplied back (:func:`_one_power`). None where every column's squares are in range
+    (the bits of one power)."""
+    from blocklin.linalg.blocks.result_range import column_maxima
+    from blocklin.linalg.blocks.scaling import safe_range
+
+    if not ctx.per_target or ctx.k < 2:
+        return None
+    eb = ctx.sb.exponent if ctx.sb is not None else 0
+    if top is None:
+        top = ctx.job.peaks.get(ctx.sb.path) if ctx.sb is not None else None
+        if top is None or np.size(top) != ctx.k:
+            top = column_maxima(ctx.B.path, first=int(getattr(ctx.B, "first_row", 0)), rows=ctx.m)
+    top = np.asarray(top, dtype=np.float64).ravel()
+    ok = np.isfinite(top) & (top > 0)
+    with np.errstate(under="ignore", over="ignore"):
+        scaled = np.ldexp(np.where(ok, top, 1.0), -eb)
+    low, high = safe_range(np.float64)
+    if not np.any(ok & ((scaled < low) | (scaled > high))):
+        return None
+    return np.where(ok, np.frexp(scaled)[1], 0).astype(np.int64)
+
+
+def _one_power(name: str | None, scores: np.ndarray, ce: np.ndarray | None) -> np.ndarray:
+    """Sums or scores per right-hand side (last axis) of columns divided by their own powers ``2^ce``
+    (:func:`column_powers`) in the units of ``b`` divided by its one power, exactly where they fit
+    (:func:`~blocklin.linalg.solve.scoring.in_units`); as they are without ``ce``."""
+    from blocklin.linalg.solve.scoring import in_units
+
+    return np.asarray(scores) if ce is None else in_units(name, scores, ce)
 
 
 def _weights(ctx: Any) -> np.ndarray | None:
@@ -193,7 +241,8 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
                  if ctx.intercept and ctx.shift_a is not None else {}),
               "intercept": bool(ctx.intercept), "wsum": ctx.total_weight, "store": bool(ctx.store_cv),
               "stats": stats, "errors": errors,
-              "shift": ctx.bbar if ctx.intercept and ctx.bbar is not None else np.zeros(k)}
+              "shift": ctx.bbar if ctx.intercept and ctx.bbar is not None else np.zeros(k),
+              "col_e": column_powers(ctx)}
     ratio = spec.interpolates(ctx.intercept)
     if ratio:
         params.update(ratio_params(spec, finv))
@@ -216,8 +265,9 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return out
 
     ctx.phases["leave-one-out pass"] = "cpu"
-    rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv, stats, errors, ratio)[:16]}", run)
-    res = {"sq": np.asarray(rec["sq"]), "rows": rec.get("rows")}
+    ce = params["col_e"]
+    rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv, stats, errors, ratio, ce)[:16]}", run)
+    res = {"sq": np.asarray(rec["sq"]), "rows": _rows_one_power(rec.get("rows"), ce, n_lam), "col_e": ce}
     if stats:
         from blocklin.linalg.solve.scoring import Stats, centered_squares
 
@@ -229,6 +279,16 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if errors:
         res["errors"] = np.asarray(rec["errors"]).reshape(ctx.m, n_lam, k)
     return res
+
+
+def _rows_one_power(rows: Any, ce: np.ndarray | None, n_lam: int) -> Any:
+    """The kept squared errors (``m x (L k)``, ``store_cv_results``) of columns divided by their own powers
+    (:func:`column_powers`) in the units of ``b`` divided by its one power, as :func:`report_entries` takes them."""
+    if rows is None or ce is None:
+        return rows
+    r = np.asarray(rows, dtype=np.float64)
+    with np.errstate(under="ignore", over="ignore"):
+        return np.ldexp(r.reshape(r.shape[0], n_lam, -1), 2 * ce).reshape(r.shape)
 
 
 def _scaled_directions(spec: Any, grid: np.ndarray, finv: np.ndarray, every: np.ndarray, v: np.ndarray,
@@ -335,11 +395,15 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if ctx.intercept:
         u, beta, s2 = without_intercept(spec, sw)
     u2 = (u * u.conj()).real
+    eb = ctx.sb.exponent if ctx.sb is not None else 0
+    ce = column_powers(ctx, np.abs(_targets(ctx)).max(axis=0, initial=0.0)) if ctx.per_target and ctx.k > 1 else None
     sq, rows, errs = [], [], []
     for lam in grid:
         with np.errstate(divide="ignore"):
             d_ = 1.0 / (s2 + lam**2)
         c = u @ (d_[:, None] * beta)
+        if ce is not None:  # each column by its own power before its squares (column_powers)
+            c = ldexp(c, -ce)
         d = u2 @ d_
         with np.errstate(divide="ignore", invalid="ignore"):
             e2 = np.abs(c / d[:, None]) ** 2
@@ -349,13 +413,13 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
             with np.errstate(divide="ignore", invalid="ignore"):
                 errs.append(c / d[:, None] / sw[:, None])  # the error on the unweighted target
     stored = np.stack(rows, axis=1).reshape(ctx.m, -1) if ctx.store_cv else None
-    res = {"sq": np.array(sq), "rows": stored}
+    res = {"sq": np.array(sq), "rows": _rows_one_power(stored, ce, len(grid)), "col_e": ce}
     if ctx.scoring is not None:
         from blocklin.linalg.solve.scoring import from_errors
 
-        err = np.stack(errs, axis=1)  # m x L x k, in the scaled units of b
-        res["stats"] = from_errors(err, ldexp(_targets(ctx), -ctx.sb.exponent) if ctx.sb is not None else _targets(ctx),
-                                   ctx.wvec)
+        err = np.stack(errs, axis=1)  # m x L x k, in the scaled units of b (each column's own, with ce)
+        e = eb if ce is None else eb + ce
+        res["stats"] = from_errors(err, ldexp(_targets(ctx), -e) if np.any(e) else _targets(ctx), ctx.wvec)
         res["errors"] = err
     return res
 
@@ -382,4 +446,4 @@ def report_entries(ctx: Any, info: dict) -> None:
         info["cv_results_"] = cv.reshape(ctx.m, len(curve["lam"]), -1).transpose(0, 2, 1)
 
 
-__all__ = ["PER_DECADE", "choose", "default_grid", "max_grid", "pass_reserve", "report_entries"]
+__all__ = ["PER_DECADE", "choose", "column_powers", "default_grid", "max_grid", "pass_reserve", "report_entries"]

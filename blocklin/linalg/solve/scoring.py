@@ -148,14 +148,15 @@ def per_target(name: str | None, st: Stats) -> np.ndarray:
     return ratio
 
 
-def in_units(name: str | None, scores: Any, e: int) -> np.ndarray:
+def in_units(name: str | None, scores: Any, e: Any) -> np.ndarray:
     """Scores of the problem divided by ``2^e`` (:func:`per_target` of unscaled sums) in the units of the
     problem given, exactly: squared errors ``4^e``, errors ``2^e``, ``r2`` and ``explained_variance`` as
     they are. The choice of lambda reads the scores before this (the same order: a power of two is
     monotone), where the sums are in range: near ``2^+-700`` the rescaled sums of squares overflowed or
     underflowed, every ``r2`` read ``nan`` or ``1`` and the first grid value won the tie."""
     scores = np.asarray(scores, dtype=np.float64)
-    if not e or name in ("r2", "explained_variance"):
+    e = np.asarray(e, dtype=np.int64)  # one power, or one per right-hand side (the last axis)
+    if not np.any(e) or name in ("r2", "explained_variance"):
         return scores
     with np.errstate(over="ignore", under="ignore"):
         return np.ldexp(scores, 2 * e if name in (None, "neg_mean_squared_error") else e)
