@@ -185,32 +185,31 @@ def test_wide_columns_apart_each_keep_their_range(route, dtype, gap):
         assert_rescaled(x[:, j:j + 1], a, b[:, j:j + 1], int(q[j]) - 1008, **kw)
 
 
-#: the tall routes that scale each column of ``b`` by its own power of two (test_tall_columns_far_apart_answered)
-PER_COLUMN = ("tall normal", "tall qr", "tall weights", "tall intercept")
-
-
 @pytest.mark.parametrize(("dtype", "q"), [(np.float64, 600), (np.complex128, 600), (np.float32, 100)])
-@pytest.mark.parametrize("route", sorted(r for r in ROUTES if r not in PER_COLUMN))
+@pytest.mark.parametrize("route", sorted(ROUTES))
 def test_ridge_columns_far_apart_refused(route, dtype, q):
-    """Columns of ``b`` near ``2^q`` and ``2^-q`` (2^1200 apart in float64, 2^200 in float32): the routes scale
-    ``b`` by one power of two, its largest entry's, so the small column was flushed to 0 (its ``z`` 0, not
-    judged) and its ``x`` came back as 0 without a word, a relative error of 1 (found by a randomized search;
-    every route). Refused naming ``b``, the columns and the fix (each column solved alone is answered). The
-    wide routes hold ``b`` in memory in float64: float32 columns ``2^200`` apart are answered there."""
+    """Columns of ``b`` near ``2^q`` and ``2^-q`` (2^1200 apart in float64, 2^200 in float32) with a sequence of
+    lambdas, whose routes scale ``b`` by one power of two, its largest entry's: the small column was flushed to 0
+    (its ``z`` 0, not judged) and its ``x`` came back as 0 without a word, a relative error of 1 (found by a
+    randomized search; every route, one ``lam`` too, which now scales each column by its own power:
+    ``test_tall_columns_far_apart_answered``, ``test_wide_columns_far_apart_answered``). Refused naming ``b``, the
+    columns and the fix (each column solved alone is answered). The wide routes hold ``b`` in memory in float64:
+    float32 columns ``2^200`` apart are answered there."""
     shape, kw = ROUTES[route]
     if np.dtype(dtype).kind == "c" and "sample_weight" in kw:
         kw = {}
+    kw = {**kw, "lam": [0.5, 1.0]}
     a, b = problem(shape, dtype)
     if shape[0] < shape[1] and dtype == np.float32:
-        x = np.asarray(bl.solve(a, ldexp(b, np.array([q, -q])[None, :]), lam=1.0, **kw))
-        for j, e in enumerate((q, -q)):
-            assert_rescaled(x[:, j:j + 1], a, b[:, j:j + 1], e, **kw)
+        x = np.asarray(bl.solve(a, ldexp(b, np.array([q, -q])[None, :]), **kw))
+        for j, e in enumerate((q, -q)):  # lam = 1: the sequence's second block of columns
+            assert_rescaled(x[:, 2 + j:3 + j], a, b[:, j:j + 1], e, **{**kw, "lam": 1.0})
         return
     with pytest.raises(ParameterError, match=r"^b: must have each column's largest entry within 2\^.*"
                        r"1 column\(s\) \(index 1\).*solve those columns separately"):
-        bl.solve(a, ldexp(b, np.array([q, -q])[None, :]), lam=1.0, **kw)
-    x1 = np.asarray(bl.solve(a, ldexp(b[:, 1:], -q), lam=1.0, **kw))
-    assert_rescaled(x1, a, b[:, 1:], -q, **kw)
+        bl.solve(a, ldexp(b, np.array([q, -q])[None, :]), **kw)
+    x1 = np.asarray(bl.solve(a, ldexp(b[:, 1:], -q), **kw))
+    assert_rescaled(x1[:, 1:], a, b[:, 1:], -q, **{**kw, "lam": 1.0})
 
 
 def ridge_reference(a, b, lam, w=None):
@@ -269,6 +268,33 @@ def test_tall_columns_far_apart_answered(dtype, q, method):
             c = ldexp(np.asarray(icpt, dtype=work)[j:j + 1], -int(e[j]))[0]
             want = bbar[j] - mu @ ref[:, j]
             assert abs(c - want) <= rel * (abs(bbar[j]) + np.linalg.norm(mu) * size), (j, abs(c - want))
+
+
+@pytest.mark.parametrize(("dtype", "q"), [(np.float64, 600), (np.complex128, 600)])
+@pytest.mark.parametrize("route", sorted(r for r in ROUTES if r.startswith("wide")))
+def test_wide_columns_far_apart_answered(route, dtype, q):
+    """Columns of ``b`` near ``2^q`` and ``2^-q`` on the wide routes (the dual form, in memory): one power of two
+    for ``b`` (in float64) flushed the small column; refused since, now each column is scaled by its own power
+    (``report["scaling"]["exponent_b"]`` lists them) and answered, within the module docstring's bound of
+    ``2^q_j x(A, b_j)``: each column of ``x`` is its own problem, solved alone as the reference."""
+    shape, kw = ROUTES[route]
+    if np.dtype(dtype).kind == "c" and "sample_weight" in kw:
+        kw = {}
+    a, b = problem(shape, dtype)
+    e = np.array([q, -q])
+    x = bl.solve(a, ldexp(b, e[None, :]), lam=1.0, **kw)
+    assert x.report["scaling"]["exponent_b"] == [int(e[j]) + int(np.frexp(np.abs(np.concatenate(
+        [b[:, j].real, b[:, j].imag])).max())[1]) for j in range(2)]
+    icpt = x.intercept
+    x = np.asarray(x)
+    for j in range(2):
+        assert_rescaled(x[:, j:j + 1], a, b[:, j:j + 1], int(e[j]), **kw)
+        if icpt is not None:  # bbar - mu^T x: x's relative bound times |bbar| + ||mu|| ||x|| (||mu|| <= max |a| sqrt(n))
+            alone = bl.solve(a, b[:, j:j + 1], lam=1.0, **kw)
+            want, xa = np.ravel(alone.intercept)[0], np.asarray(alone)
+            got = ldexp(np.asarray(icpt)[j:j + 1], -int(e[j]))[0]
+            rel = 2 * 8 * shape[1] * np.finfo(dtype).eps * 40
+            assert abs(got - want) <= rel * (abs(want) + np.abs(a).max() * np.sqrt(shape[1]) * np.linalg.norm(xa)), j
 
 
 @pytest.mark.parametrize("method", ["auto", "qr"])
@@ -404,3 +430,26 @@ def test_tall_columns_far_apart_resumed(tmp_path, monkeypatch):
     x = bl.solve(*args, lam=1.0, refine=1, out=str(tmp_path / "x.zarr"), resume=True)
     assert "gram-pass" in x.report["resumed_passes"]
     np.testing.assert_array_equal(np.asarray(x), ref)
+
+
+@pytest.mark.parametrize("shape", [(300, 64), (64, 300)], ids=["tall", "wide"])
+def test_stored_gram_columns_far_apart_refused(shape):
+    """Columns of ``b`` near ``2^600`` and ``2^-600`` on the stored-Gram route (a Gram over the budget), which
+    scales all of ``b`` by one power of two, its largest entry's: the small column was flushed to 0 and refused
+    after the factorization as an ``x`` below the range, with the fix "scale b up by a power of two", which
+    overflows the large column. Refused before the factorization naming ``b``, the column and a fix that works
+    (each column solved alone, here answered within the module docstring's bound, with this ``A``'s
+    ``cond(K) <= 1 + sigma_1^2`` for the 40 there, as ``test_stored_gram_x_near_the_top_of_the_range``)."""
+    from support.conformance import least_budget
+
+    a, b = problem(shape, np.float64, seed=5)
+    q = np.array([600, -600])
+    with pytest.raises(ParameterError, match=r"^b: must have each column's largest entry within 2\^1021 .*"
+                       r"1 column\(s\) \(index 1\) about 2\^12\d\d below the largest.*solve those columns separately"):
+        least_budget(lambda memory: bl.solve(a, ldexp(b, q[None, :]), lam=1.0, memory=memory))
+    x1 = least_budget(lambda memory: bl.solve(a, ldexp(b[:, 1:], -600), lam=1.0, memory=memory))
+    assert x1.report["gram"] == "out of core"
+    expect = ldexp(np.asarray(bl.solve(a, b[:, 1:], lam=1.0)), -600)
+    cond = 1 + np.linalg.norm(a, 2) ** 2
+    bound = 2 * 8 * max(shape) * np.finfo(float).eps * cond * np.linalg.norm(expect)
+    assert np.linalg.norm(np.asarray(x1) - expect) <= bound

@@ -55,11 +55,11 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                       scoring=scoring, folds=folds, L=L)
     ctx.sa = Scaling.of(source(A), A.dtype)
     ctx.sb = Scaling.of(source(B), B.dtype)
-    if plan.orientation != "wide" and k > 1 and kind == "scalar" and not (positive
-                                                                       or folds is not None or updatable):
+    if k > 1 and kind == "scalar" and not (positive or folds is not None or updatable):
         # each column of x its own problem: b's columns far apart are each scaled by their own power of two
         ctx.sb.per_column = True
-        job.column_peaks.add(ctx.sb.path)
+        if plan.orientation != "wide":  # from the peaks the first pass records (the wide route holds b)
+            job.column_peaks.add(ctx.sb.path)
     elif kind == "loo" and per_target and k > 1:  # the peaks each column's leave-one-out errors are scaled by
         job.column_peaks.add(ctx.sb.path)  # (loo.column_powers), recorded by the first pass
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall

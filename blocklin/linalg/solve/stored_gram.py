@@ -92,6 +92,7 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, ref
         x_path, shape=(n, k), dtype=np.result_type(A.dtype, B.dtype), chunks=(min(g.t, n), min(g.t, k)),
         codec=job.cfg.codec, overwrite=True))
     g.markers = work / "tile-markers"
+    g.scale_b()
     g.make_stores()
     g.factor()
     steps = 1 if refine == "auto" else int(refine)
@@ -149,6 +150,17 @@ class _GramSolve:
         # its iterates sit near K^-1 times a right-hand side near 1, where an x of 2^1090 had overflowed the
         # substitutions (refused as a singular tile); x = 2^e z is judged and written once (finish)
         self.e = 0
+
+    def scale_b(self) -> None:
+        """``e`` (:attr:`down`) from ``b``'s column maxima, before any step: a column that ``2^-e`` takes below
+        float64's smallest normal is refused naming ``b``, the columns and the fix (solve them separately). The
+        route scales all of ``b`` by that one power (the GEMMs' and substitutions' scalar ``alpha``), so such a
+        column had been flushed to 0 and refused after the factorization as an ``x`` below the range, with the
+        fix "scale b up by a power of two", which overflows the large column."""
+        from blocklin.linalg.blocks.result_range import refuse_flushed_rhs
+
+        self.e, top = _scale_exponent(self.B.path, int(getattr(self.B, "first_row", 0)), self.m)
+        refuse_flushed_rhs(top, self.e, F64)
 
     def make_stores(self) -> None:
         """Every store of the solve, created before any step in a fixed order (their names number them)."""
@@ -257,7 +269,6 @@ class _GramSolve:
     def solve_wide(self, steps: int) -> str:
         """The dual variable ``y`` refined on ``(A A^T + lam^2 I) y = b``; returns the store of ``x = A^T y``."""
         A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
-        self.e = _scale_exponent(B.path, int(getattr(B, "first_row", 0)), m)
         self.step("solve", lambda: self.k_solve(B.path, self.z, alpha=self.down))
         for _ in range(steps):  # rd = b - A A^T y - lam^2 y, y += K^-1 rd
             x_tmp = self.xt
@@ -280,8 +291,7 @@ class _GramSolve:
     def solve_tall(self, steps: int) -> str:
         """``x`` refined against the original problem; returns its store."""
         A, B, k = self.A, self.B, self.k
-        c_path = self.c  # A^T b, from the SYRK's read of A
-        self.e = _scale_exponent(B.path, int(getattr(B, "first_row", 0)), self.m)  # c is rewritten by refinement
+        c_path = self.c  # A^T b, from the SYRK's read of A (rewritten by refinement)
         self.step("solve", lambda: self.k_solve(c_path, self.z, alpha=self.down))
         for _ in range(steps):
             zop = self.operand(self.z, (self.s, k), "z")
@@ -365,17 +375,16 @@ class _GramSolve:
                       "by powers of two themselves) hold the Gram matrix")
 
 
-def _scale_exponent(path: str, first: int, rows: int) -> int:
+def _scale_exponent(path: str, first: int, rows: int) -> tuple[int, np.ndarray]:
     """``e`` with the stored right-hand side's largest magnitude in ``[2^(e-1), 2^e)``, kept within
-    ``[-1000, 1000]`` so that ``2^e`` and ``2^-e`` are float64 numbers (0 for a zero right-hand side)."""
-    from blocklin.storage.zarr_store import row_bands
+    ``[-1000, 1000]`` so that ``2^e`` and ``2^-e`` are float64 numbers (0 for a zero right-hand side), and
+    each column's largest magnitude."""
+    from blocklin.linalg.blocks.result_range import column_maxima
 
-    top = 0.0
-    for _, block in row_bands(path, first=first, n=rows):
-        if block.size:
-            top = max(top, float(np.max(np.abs(block))))
+    cols = column_maxima(path, first=first, rows=rows)
+    top = float(cols.max(initial=0.0))
     e = int(np.frexp(top)[1]) if 0 < top < np.inf else 0
-    return int(np.clip(e, -1000, 1000))
+    return int(np.clip(e, -1000, 1000)), cols
 
 
 def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool, dt: Any = F64) -> Any:

@@ -18,7 +18,7 @@ import numpy as np
 from blocklin.errors import NonFiniteError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, refuse_flushed_rhs, scaled_columns
-from blocklin.linalg.blocks.scaling import incore_exponent
+from blocklin.linalg.blocks.scaling import column_exponents_for, incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram
 from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x, warn_intercept
@@ -145,8 +145,12 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     # and x = 2^(eb - 2 ea) A^T y': the GEMM takes A^T (2^(eb - ea) y') (sums of the size of b) times 2^-ea
     eb, amax_b = incore_exponent(bm.view(np.float64) if np.iscomplexobj(bm) else bm)  # complex: both parts
     ctx.sa.e, ctx.sb.e, ctx.sb.amax = ea, eb, amax_b
-    with np.errstate(over="ignore"):  # |b| of a complex entry near the top: inf, not below the range
-        refuse_flushed_rhs(np.abs(bm).max(axis=0) if bm.shape[0] else np.zeros(bm.shape[1]), eb, bm.dtype)
+    peaks = _column_peaks(bm)
+    if ctx.sb.per_column and eb:  # each column of x its own problem: columns far apart each by their own power
+        ctx.sb.columns = column_exponents_for(peaks, eb, bm.dtype)
+    if ctx.sb.columns is None:
+        refuse_flushed_rhs(peaks, eb, bm.dtype)
+    eb = ctx.sb.column_exponents  # one power, or one per column (Scaling.per_column)
     bm = ldexp(bm, -eb)
     ctx.adopt({})
     g_raw = g
@@ -214,7 +218,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
                            mu_norm * np.broadcast_to(xn.reshape(-1), (np.size(np.hstack(icpt)),)),
                            np.hstack(icpt), "method='auto' (the Gram route) may do better")
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
-    t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
+    t, alpha = dual_exponents(np.hstack(ys), np.tile(eb, len(ys)) if np.ndim(eb) else eb, ea, out_dtype)
     # x = A^T y in float64 (complex128) whatever the data's dtype, rounded to it once: with an intercept the
     # uncentered A^T meets the centered y, whose sum 1^T y = 0 rounds to eps ||y||; times column means c times
     # the spread that is c eps relative, and float32's (means 1e8, spread 1: x 3.3 relative off, for 0 in the
@@ -340,7 +344,17 @@ def _without_intercept_direction(ctx: TikhonovRun, spec: Any, sw: np.ndarray) ->
     return out
 
 
-def dual_exponents(y: np.ndarray, eb: int, ea: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+def _column_peaks(bm: np.ndarray) -> np.ndarray:
+    """Each column's largest magnitude of ``b`` in memory (of a complex column, its parts': ``|b|`` of an entry
+    near the top is Inf, not below the range)."""
+    if not bm.shape[0]:
+        return np.zeros(bm.shape[1])
+    if np.iscomplexobj(bm):
+        return np.maximum(np.abs(bm.real).max(axis=0), np.abs(bm.imag).max(axis=0)).astype(np.float64)
+    return np.abs(bm).max(axis=0).astype(np.float64)
+
+
+def dual_exponents(y: np.ndarray, eb: Any, ea: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(t, s)`` of ``x = 2^s A^T (2^t y')`` with ``t + s = eb - 2 ea`` (``y'`` of the scaled problem):
     ``2^t y'`` the true ``y = (A A^T + lam^2 I)^-1 b`` where it is within the output dtype's range with a
     margin, so that the GEMM's sums ``A^T y`` are of the size of ``x``; else the nearest exponent that is.
@@ -349,7 +363,8 @@ def dual_exponents(y: np.ndarray, eb: int, ea: int, dtype: Any) -> tuple[np.ndar
     float32's range for a 4 x 40 ``A`` of ``1e30`` and condition ``1e6`` whose ``x`` is ``1e6`` (every
     entry Inf, found by a randomized search). Per column (arrays of ``k``): one ``t`` for all, the largest
     column's, took a column ``2^444`` below it (``A`` near ``2^1008``) to 0 and one ``2^106`` below among the
-    subnormals (``x`` 0.8% off), without a word."""
+    subnormals (``x`` 0.8% off), without a word. ``eb``: one power, or one per column of ``y`` where ``b``'s
+    columns were scaled each by their own (:attr:`~blocklin.linalg.blocks.scaling.Scaling.columns`)."""
     total = eb - 2 * ea
     k = y.shape[1] if y.ndim == 2 else 1
     with np.errstate(over="ignore"):
