@@ -91,3 +91,42 @@ def test_per_target_columns_far_apart_choose_as_alone(wide, opts, scoring, q):
         assert np.linalg.norm(got - want) <= 2 * 8 * n * np.finfo(float).eps * cond * np.linalg.norm(want), j
         if scoring == "r2":  # scale-free: the column's own score (it had read 1, 0 / 0 of flushed sums)
             assert np.isclose(x.report["best_score_"][j], alone.report["best_score_"], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("scoring", ["r2", "explained_variance"])
+@pytest.mark.parametrize("how", ["loo tall", "loo wide", "cv wide"])
+def test_scale_free_mean_of_columns_far_apart(how, scoring):
+    """``r2`` and ``explained_variance`` averaged over a column near 1 and one near ``2^-600``: the one power for
+    ``b`` had left the small column's held-out sums of squares near ``2^-1200``, flushed to 0, its score read 1 at
+    every lambda, and the mean chose by the other column alone (leave-one-out: 100 where the data choose 10, and
+    a ``best_score_`` of 0.48 for -0.004; ``cv=3`` wide: a ``best_score_`` of -0.75 for -3.6), without a word.
+    The scores are scale-free column by column, so the answer is the unscaled ``b``'s: the same grid index
+    (exact), ``best_score_`` to the rounding of two runs (``rtol`` as ``test_scaled_data_chooses_as_unscaled``),
+    ``x_j`` to ``2 * 8 n eps cond(K)``, ``cond(K) <= 1 + (s_1 / lam)^2`` at the chosen ``lam``."""
+    rng = np.random.default_rng(3)
+    m, n = (40, 6) if how == "loo tall" else (6, 15)
+    a, b = rng.standard_normal((m, n)), rng.standard_normal((m, 2))
+    kw = {"scoring": scoring} | ({"cv": 3} if how.startswith("cv") else {})
+    grid = [0.01, 0.1, 1.0, 10.0, 100.0]
+    e = np.array([0, -600])
+    x = bl.solve(a, ldexp(b, e[None, :]), lam=("loo", grid), **kw)
+    ref = bl.solve(a, b, lam=("loo", grid), **kw)
+    assert x.report["lam"] == ref.report["lam"]
+    assert np.isclose(x.report["best_score_"], ref.report["best_score_"], rtol=1e-10, atol=0)
+    got, want = ldexp(np.asarray(x.to_numpy()), -e[None, :]), np.asarray(ref.to_numpy())
+    cond = 1 + (np.linalg.norm(a, 2) / ref.report["lam"]) ** 2
+    assert np.linalg.norm(got - want) <= 2 * 8 * n * np.finfo(float).eps * cond * np.linalg.norm(want)
+
+
+def test_tall_kfold_scale_free_mean_of_columns_far_apart_refused():
+    """``cv=3`` (``r2``, the default score) on a tall ``A`` with a column of ``b`` near ``2^-600`` beside one near 1:
+    the fold pass sums each column's squares with ``b`` scaled by one power of two, so the small column's had
+    underflowed and its ``r2`` read 1 at every lambda (``best_score_`` 0.44 for -0.05), without a word. Refused
+    naming ``b``, the column and a fix that works (each column scaled near 1: the score is scale-free)."""
+    from blocklin.errors import ParameterError
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((40, 6)), rng.standard_normal((40, 2))
+    with pytest.raises(ParameterError, match=r"^b: must have each column's largest entry within 2\^485 .*cv=.*"
+                       r"1 column\(s\) \(index 1\) about 2\^60\d below the largest.*scale each column of b"):
+        bl.solve(a, ldexp(b, np.array([0, -600])[None, :]), lam=("loo", [0.1, 1.0, 10.0]), cv=3)

@@ -299,16 +299,54 @@ def gram_from_sums(ctx: Any, sums: dict) -> dict:
 
 # --- the choice --------------------------------------------------------------------------------------------
 
-def choose(ctx: Any, stats: list, grid: np.ndarray) -> tuple[float, dict]:
-    """The grid value of best mean score over the folds (the first of ties, as ``GridSearchCV``), and the curve."""
+def _scale_free(ctx: Any) -> bool:
+    """Whether the score is a mean over ``k > 1`` right-hand sides of scale-free scores (``r2``, the default, or
+    ``explained_variance``), each read from its column's own sums of squares."""
+    return ctx.k > 1 and (ctx.scoring is None or ctx.scoring in ("r2", "explained_variance"))
+
+
+def _refuse_columns_apart(ctx: Any) -> None:
+    """Tall ``A``: a scale-free score of a column whose squares the fold pass's one power for ``b`` took below
+    float64's normal range (its largest entry below ``2^-485`` of ``b``'s: ``sqrt(tiny 2^52)``) is refused naming
+    ``b``, the columns and the fix: its held-out sums had underflowed to 0, its ``r2`` read 1 at every lambda and
+    the mean over the columns chose by the others alone, with a ``best_score_`` that was not the data's."""
+    from blocklin.linalg.blocks.result_range import column_maxima
+    from blocklin.linalg.blocks.scaling import narrow_range
+
+    if not _scale_free(ctx):
+        return
+    top = ctx.job.peaks.get(ctx.sb.path)
+    if top is None or np.size(top) != ctx.k:
+        top = column_maxima(ctx.B.path, first=int(getattr(ctx.B, "first_row", 0)), rows=ctx.m)
+    top = np.asarray(top, dtype=np.float64).ravel()
+    with np.errstate(under="ignore"):
+        low = (top > 0) & (np.ldexp(top, -ctx.sb.exponent) < np.sqrt(narrow_range(np.float64)[0]))
+    if not low.any():
+        return
+    j = np.flatnonzero(low)
+    gap = int(np.frexp(float(top.max()))[1] - np.frexp(float(top[j].min()))[1])
+    name = ctx.scoring or "r2"
+    raise ParameterError(_msg(
+        "b", f"must have each column's largest entry within 2^485 of its largest for cv= with scoring={name!r} on "
+        "a tall a (the fold pass sums each column's squares with b scaled by one power of two: a column's held-out "
+        "sums far below underflow, and its score reads 1 at every lambda)",
+        f"{int(low.sum())} column(s) (index {', '.join(str(int(i)) for i in j[:5])}{', ...' if j.size > 5 else ''}) "
+        f"about 2^{gap} below the largest", "scale each column of b by a power of two that brings its largest entry "
+        f"near 1 ({name} does not change, nor the lambda chosen) and each column of x and the intercept back by it"))
+
+
+def choose(ctx: Any, stats: list, grid: np.ndarray, ce: np.ndarray | None = None) -> tuple[float, dict]:
+    """The grid value of best mean score over the folds (the first of ties, as ``GridSearchCV``), and the curve.
+    ``ce``: the power of two each column's sums were divided by besides ``b``'s one (:func:`wide_choose`)."""
     eb = ctx.sb.exponent if ctx.sb is not None else 0
     name = ctx.scoring if ctx.scoring is not None else "r2"
     per_fold = []
     for f, st in enumerate(stats):
         if callable(name):
             per_fold.append(st)  # already the callable's score per grid value
-        else:
-            per_fold.append(scorers.per_target(name, st).mean(axis=-1))  # of the scaled problem's sums
+        else:  # of the scaled problem's sums (each column's own scale with ce), then the mean of b's one scale
+            per = scorers.per_target(name, st)
+            per_fold.append((per if ce is None else scorers.in_units(name, per, ce)).mean(axis=-1))
     scores = np.asarray(per_fold, dtype=np.float64)  # folds x L
     mean = scores.mean(axis=0)
     idx = int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))  # chosen where the sums are in range
@@ -335,6 +373,7 @@ def solve_tall_cv(ctx: Any, x_path: str, route: Any) -> dict:
     """Tall ``A``: the fold pass, the choice, then ``route`` (the tall solve) at the chosen lambda from the
     totals (recorded as its Gram pass)."""
     sums = fold_pass(ctx)
+    _refuse_columns_apart(ctx)
     grid = _grid(ctx, sums)
     lam, curve = choose(ctx, tall_stats(ctx, sums, grid), grid)
     ctx.gram = gram_from_sums(ctx, sums)
@@ -372,6 +411,9 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
         gm = (gm + gm.conj().T) / 2
     grid = np.asarray(ctx.lams, dtype=np.float64) if ctx.lams else _wide_default_grid(spec)
     b_orig = bm
+    # a named score's sums of each column divided by a power of two near its largest entry where b's one power
+    # takes a column's squares out of range (a column near 2^-600 beside one near 1: its r2 had read 1)
+    ce = None if callable(ctx.scoring) or ctx.k < 2 else scorers.own_powers(np.abs(bm).max(axis=0, initial=0.0), 0)
     stats = []
     for f in range(ctx.folds.count):
         held = ctx.folds.rows(f, m)
@@ -384,9 +426,11 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
             wh = w[held] if ctx.weighted else None
             stats.append(np.array([scorers.call(ctx.scoring, p[:, i, :], t, t.shape[1] == 1, wh)
                                    for i in range(len(grid))]))
+        elif ce is not None:
+            stats.append(scorers.from_errors(ldexp(err, -ce), ldexp(b_orig[held], -ce), w[held] if ctx.weighted else None))
         else:
             stats.append(scorers.from_errors(err, b_orig[held], w[held] if ctx.weighted else None))
-    lam, curve = choose(ctx, stats, grid)
+    lam, curve = choose(ctx, stats, grid, ce)
     return [lam], curve
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.linalg.blocks.scaling import Scaling, check_finite_result
+from blocklin.linalg.solve.loo import by_column
 from blocklin.linalg.solve.normal import solve_tall
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.tikhonov import TikhonovRun
@@ -60,8 +61,8 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
         ctx.sb.per_column = True
         if plan.orientation != "wide":  # from the peaks the first pass records (the wide route holds b)
             job.column_peaks.add(ctx.sb.path)
-    elif kind == "loo" and per_target and k > 1:  # the peaks each column's leave-one-out errors are scaled by
-        job.column_peaks.add(ctx.sb.path)  # (loo.column_powers), recorded by the first pass
+    elif kind == "loo" and plan.orientation != "wide" and (by_column(ctx) if folds is None else k > 1):
+        job.column_peaks.add(ctx.sb.path)  # what each column's leave-one-out errors are scaled by (loo.column_powers)
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)

@@ -161,34 +161,33 @@ def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.
     return per, score, per
 
 
+def by_column(ctx: Any) -> bool:
+    """Whether the scores are read column by column: the choice per right-hand side (``per_target``), or a
+    scale-free score (``r2``, ``explained_variance``) averaged over the right-hand sides; ``k > 1``."""
+    return ctx.k > 1 and (bool(ctx.per_target) or ctx.scoring in ("r2", "explained_variance"))
+
+
 def column_powers(ctx: Any, top: Any = None) -> np.ndarray | None:
     """The power of two ``c_j`` each right-hand side's leave-one-out errors are divided by before they are
-    squared, where the choice is made per right-hand side (``per_target``, ``k > 1``) and ``b`` (scaled by
-    its one power ``2^eb``) has a column whose largest entry lies outside :func:`safe_range`: its squared
-    errors near ``2^-1200`` (a column near ``2^-600`` beside one near 1) had underflowed to 0 for every
-    lambda, and the first grid value won the tie without a word (another lambda than the column solved
-    alone). ``c_j`` brings column ``j``'s largest entry (``top``; else the peaks its first pass recorded,
+    squared, where the scores are read column by column (:func:`by_column`) and ``b`` (scaled by its one
+    power ``2^eb``) has a column whose largest entry lies outside :func:`safe_range`: its squared errors near
+    ``2^-1200`` (a column near ``2^-600`` beside one near 1) had underflowed to 0 for every lambda, and the
+    first grid value won the tie without a word (another lambda than the column solved alone), or its ``r2``
+    read 1 (``0 / 0``) at every lambda and the mean over the columns chose by the others alone. ``c_j`` brings column ``j``'s largest entry (``top``; else the peaks its first pass recorded,
     else read) near 1; the errors are linear in ``b_j``, so each column's comparison is exact and the
     reported sums are multiplied back (:func:`_one_power`). None where every column's squares are in range
     (the bits of one power)."""
     from blocklin.linalg.blocks.result_range import column_maxima
-    from blocklin.linalg.blocks.scaling import safe_range
+    from blocklin.linalg.solve.scoring import own_powers
 
-    if not ctx.per_target or ctx.k < 2:
+    if not by_column(ctx):
         return None
     eb = ctx.sb.exponent if ctx.sb is not None else 0
     if top is None:
         top = ctx.job.peaks.get(ctx.sb.path) if ctx.sb is not None else None
         if top is None or np.size(top) != ctx.k:
             top = column_maxima(ctx.B.path, first=int(getattr(ctx.B, "first_row", 0)), rows=ctx.m)
-    top = np.asarray(top, dtype=np.float64).ravel()
-    ok = np.isfinite(top) & (top > 0)
-    with np.errstate(under="ignore", over="ignore"):
-        scaled = np.ldexp(np.where(ok, top, 1.0), -eb)
-    low, high = safe_range(np.float64)
-    if not np.any(ok & ((scaled < low) | (scaled > high))):
-        return None
-    return np.where(ok, np.frexp(scaled)[1], 0).astype(np.int64)
+    return own_powers(top, eb)
 
 
 def _one_power(name: str | None, scores: np.ndarray, ce: np.ndarray | None) -> np.ndarray:
@@ -396,7 +395,7 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
         u, beta, s2 = without_intercept(spec, sw)
     u2 = (u * u.conj()).real
     eb = ctx.sb.exponent if ctx.sb is not None else 0
-    ce = column_powers(ctx, np.abs(_targets(ctx)).max(axis=0, initial=0.0)) if ctx.per_target and ctx.k > 1 else None
+    ce = column_powers(ctx, np.abs(_targets(ctx)).max(axis=0, initial=0.0)) if by_column(ctx) else None
     sq, rows, errs = [], [], []
     for lam in grid:
         with np.errstate(divide="ignore"):

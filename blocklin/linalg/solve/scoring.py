@@ -162,6 +162,23 @@ def in_units(name: str | None, scores: Any, e: Any) -> np.ndarray:
         return np.ldexp(scores, 2 * e if name in (None, "neg_mean_squared_error") else e)
 
 
+def own_powers(top: Any, eb: int) -> np.ndarray | None:
+    """A power of two per right-hand side, ``c_j`` with ``top_j 2^-(eb + c_j)`` in ``[0.5, 1)`` (``top``: each
+    column's largest magnitude in the units given, ``2^eb``: the one power ``b`` is scaled by), where some
+    column's ``top_j 2^-eb`` lies outside :func:`~blocklin.linalg.blocks.scaling.safe_range` (its squares, the
+    sums the scores are made of, leave float64's range); None where every column's are in range."""
+    from blocklin.linalg.blocks.scaling import safe_range
+
+    top = np.asarray(top, dtype=np.float64).ravel()
+    ok = np.isfinite(top) & (top > 0)
+    with np.errstate(under="ignore", over="ignore"):
+        scaled = np.ldexp(np.where(ok, top, 1.0), -int(eb))
+    low, high = safe_range(np.float64)
+    if not np.any(ok & ((scaled < low) | (scaled > high))):
+        return None
+    return np.where(ok, np.frexp(scaled)[1], 0).astype(np.int64)
+
+
 def combine(scores: np.ndarray, per_column: bool) -> np.ndarray:
     """The mean over right-hand sides (the last axis), or the scores as they are (one per right-hand side)."""
     return scores if per_column else scores.mean(axis=-1)
