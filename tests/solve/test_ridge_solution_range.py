@@ -453,3 +453,25 @@ def test_stored_gram_columns_far_apart_refused(shape):
     cond = 1 + np.linalg.norm(a, 2) ** 2
     bound = 2 * 8 * max(shape) * np.finfo(float).eps * cond * np.linalg.norm(expect)
     assert np.linalg.norm(np.asarray(x1) - expect) <= bound
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_report_norms_of_columns_far_apart(route):
+    """Columns of ``b`` near 1 and near ``2^-600``: the one power (here none, ``b``'s largest entry is near 1) keeps
+    both, but the small column's squares (``2^-1200``) underflow, and its ``residual_norm`` and ``solution_norm``
+    were reported as 0 (``x`` itself right). Such a column is scaled by its own power now (``exponent_b`` lists
+    them) and its norms are ``2^-600`` times the unscaled column's, to the rounding of two solves: ``2 * 8 n eps
+    cond(K)`` relative for ``x`` (module docstring, ``cond(K) < 40``), and for the residual that times
+    ``1 + ||A|| ||x|| / ||r||`` (``r = b - A x``, ``||A||`` bounded by its Frobenius norm)."""
+    shape, kw = ROUTES[route]
+    a, b = problem(shape, np.float64, seed=6)
+    e = np.array([0, -600])
+    x = bl.solve(a, ldexp(b, e[None, :]), lam=1.0, **kw)
+    assert x.report["scaling"]["exponent_b"] == [int(np.frexp(np.abs(b[:, j]).max())[1]) + int(e[j]) for j in range(2)]
+    rel = 2 * 8 * max(shape) * np.finfo(float).eps * 40
+    for j in range(2):
+        alone = bl.solve(a, b[:, j:j + 1], lam=1.0, **kw).report
+        xn, rn = alone["solution_norm"], alone["residual_norm"]
+        assert abs(np.ldexp(x.report["solution_norm"][j], -int(e[j])) - xn) <= rel * xn, j
+        amp = 1 + np.linalg.norm(a) * xn / rn
+        assert abs(np.ldexp(x.report["residual_norm"][j], -int(e[j])) - rn) <= rel * amp * rn, j

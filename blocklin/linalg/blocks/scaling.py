@@ -61,14 +61,18 @@ def column_exponents_for(peaks: Any, e: int, dtype: Any) -> np.ndarray | None:
     """One power of two per column (each column's largest entry ``/ 2^e_j`` in ``[0.5, 1)``; ``e`` for a
     column of zeros, NaN or Inf) where the one power ``2^-e`` takes some nonzero column's largest entry
     below ``tiny * 2^nmant`` of ``dtype`` (:func:`narrow_range`: from there down a column keeps fewer than
-    its bits, or is flushed to 0); None where ``2^-e`` keeps every column (the bits of one power)."""
+    its bits, or is flushed to 0) or below ``2^-511`` (float64's: its squares, of which the routes form the
+    residual and solution norms they report, fall out of float64's normal range, as
+    :func:`squares_lose_columns` says of a Gram; a column near ``2^-600`` beside one near 1, ``e = 0``, had both
+    norms reported as 0); None where ``2^-e`` keeps every column (the bits of one power)."""
     if peaks is None or np.size(peaks) < 2:
         return None
     p = np.asarray(peaks, dtype=np.float64).ravel()
     dt = np.dtype(dtype) if np.dtype(dtype).kind in "fc" else np.dtype(np.float64)
     ok = np.isfinite(p) & (p > 0)
     with np.errstate(under="ignore"):
-        lost = ok & (np.ldexp(np.where(ok, p, 0.0), -int(e)) < narrow_range(dt)[0])
+        low = max(narrow_range(dt)[0], float(np.ldexp(1.0, (np.finfo(np.float64).minexp + 1) // 2)))
+        lost = ok & (np.ldexp(np.where(ok, p, 0.0), -int(e)) < low)
     if not lost.any():
         return None
     return np.where(ok, np.frexp(np.where(ok, p, 1.0))[1], int(e)).astype(np.int64)
@@ -155,7 +159,7 @@ class Scaling(_Power):
             if self.finite_for:
                 refuse_nonfinite(self.amax, self.finite_for)
             self.e = exponent_for(self.amax, self.dtype)
-            if self.per_column and self.e:
+            if self.per_column:  # e = 0 too: a column far below the largest, whose squares underflow
                 self.columns = column_exponents_for(job.peaks.get(self.path), self.e, self.dtype)
         return self.e
 
@@ -173,7 +177,7 @@ class Scaling(_Power):
                     s.learn(job)
         fresh = [s for s in every if not s.known]
         result = run(_merge(every))
-        if fresh and any([s.learn(job) for s in fresh]):  # every operand learns its power first
+        if fresh and any([bool(s.learn(job)) or s.columns is not None for s in fresh]):  # every one learns first
             self.extra_passes += 1
             result = run(_merge(every))
         for s in fresh:

@@ -137,7 +137,7 @@ def _check_finite_info(info: dict) -> None:
 def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
     """The report of the scaled problem in the units of the problem given: ``lam``, norms of ``A``,
     residuals (``2^eb``), solutions (``2^(eb - ea)``), the intercept and the lambda curve."""
-    if ctx.sa is None or not (ctx.sa.exponent or ctx.sb.exponent):
+    if ctx.sa is None or not (ctx.sa.exponent or ctx.sb.exponent or ctx.sb.columns is not None):
         if ctx.xe and "solution_norm" in info:  # reported for 2^-xe x (spectrum.x_exponent)
             info["solution_norm"] = [float(np.ldexp(v, ctx.xe)) for v in info["solution_norm"]] \
                 if isinstance(info["solution_norm"], list) else float(np.ldexp(info["solution_norm"], ctx.xe))

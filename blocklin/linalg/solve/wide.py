@@ -146,7 +146,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     eb, amax_b = incore_exponent(bm.view(np.float64) if np.iscomplexobj(bm) else bm)  # complex: both parts
     ctx.sa.e, ctx.sb.e, ctx.sb.amax = ea, eb, amax_b
     peaks = _column_peaks(bm)
-    if ctx.sb.per_column and eb:  # each column of x its own problem: columns far apart each by their own power
+    if ctx.sb.per_column:  # each column of x its own problem: columns far apart each by their own power
         ctx.sb.columns = column_exponents_for(peaks, eb, bm.dtype)
     if ctx.sb.columns is None:
         refuse_flushed_rhs(peaks, eb, bm.dtype)
