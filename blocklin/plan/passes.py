@@ -52,6 +52,11 @@ class RowPassPlan:
     #: reader's concurrency allows); fewer where the budget holds fewer chunks' temporaries than one
     #: strip row of chunks has (:func:`plan_pass`).
     lanes: int = 0
+    #: Bytes of the budget set aside for the large pages of strips mapped from the page cache
+    #: (:func:`blocklin.storage.mapped.reservation`, counted in ``peak_memory``; the strips are sized
+    #: from the rest): 0 where the plan sets nothing aside, and the pass maps only where the budget's
+    #: allowance holds them (:func:`blocklin.storage.mapped.within_budget`).
+    mapping_bytes: int = 0
 
     def strips(self, group: int) -> Pieces:
         """The strips of one task's group of rows, computed on access (a group may hold millions)."""
@@ -64,6 +69,8 @@ class RowPassPlan:
             del d["resident_bytes"]
         if not d["lanes"]:  # decoding as many chunks at once as the reader does: as before the field
             del d["lanes"]
+        if not d["mapping_bytes"]:  # nothing set aside for mapped strips: as before the field
+            del d["mapping_bytes"]
         return d
 
     @classmethod
@@ -85,6 +92,9 @@ class RowPassPlan:
             text += f"; {self.lanes} chunk(s) decoded at a time"
         if self.prefetch > 1 or self.loaders > 1:
             text += f"; {self.prefetch} strip(s) read ahead by {self.loaders} loader(s)"
+        if self.mapping_bytes:
+            text += (f"; {format_size(self.mapping_bytes)} kept for the large pages of strips mapped from the "
+                     "page cache")
         if self.resident_bytes:
             text += (f"; strips kept on the device ({format_size(self.resident_bytes)}) for the job's later "
                      "passes")
@@ -348,7 +358,7 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
               max_strip: int | None = None, min_tasks: int | None = None, partial_rows: bool = False,
               direct: bool = False, cache_bytes: int = 0, loaders: int = 1,
               prefetch: int | None = None, decoded: tuple[int, int, int] | None = None,
-              decoded_width: int = 0) -> RowPassPlan:
+              decoded_width: int = 0, mapped: bool = False) -> RowPassPlan:
     """Plan a row pass of a kernel whose memory is ``mem``.
 
     Parameters
@@ -392,9 +402,32 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         (:func:`blocklin.plan.chunks.chunk_io`) are counted whether or not the kernel declares
         ``chunk_temporaries``; where one strip row of chunks does not fit, the plan decodes fewer at a
         time (``lanes``), and a budget below one chunk's temporaries is refused with rechunking as the fix.
+    mapped : bool
+        Whether the pass may map its strips from the page cache (:mod:`blocklin.storage.mapped`): the plan
+        then sets :func:`~blocklin.storage.mapped.reservation` aside for their large pages
+        (``mapping_bytes``) and sizes the strips from the rest, where that is at most a
+        :data:`~blocklin.storage.mapped.RESERVE_SHARE`-th of the budget and a plan fits the rest; else it
+        sets nothing aside. Decided from the kernel, the operands and the budget only, never from
+        whether the page cache holds the input in large pages, so that the strips (and the bits) do not
+        depend on it.
     """
+    from blocklin.storage.mapped import reservation, worth_reserving
+
     budget = memory - reserve
     workers = max(1, workers)
+    if mapped and worth_reserving(budget, workers):
+        kept = reservation(workers)
+        try:
+            plan = plan_pass(mem, m, row_bytes, chunk_rows=chunk_rows, memory=memory - kept, reserve=reserve,
+                             workers=workers, cores=cores, chunk_bytes=chunk_bytes, chunks_across=chunks_across,
+                             max_strip=max_strip, min_tasks=min_tasks, partial_rows=partial_rows, direct=direct,
+                             cache_bytes=cache_bytes, loaders=loaders, prefetch=prefetch, decoded=decoded,
+                             decoded_width=decoded_width)
+        except BudgetError:  # the rest holds no plan: copied strips, from the whole budget
+            pass
+        else:
+            return dataclasses.replace(plan, memory=plan.memory + kept, peak_memory=plan.peak_memory + kept,
+                                       mapping_bytes=kept)
     if mem.min_rows > 1:
         need = workers * (mem.fixed + (2 * row_bytes + mem.per_row) * min(m, mem.min_rows))
         if budget < need:

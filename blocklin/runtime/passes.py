@@ -244,6 +244,14 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     decoded = max(((d, s.width) for s in sources if (d := decoded_chunks(s)) is not None),
                   key=lambda dw: chunk_io(1, dw[1], dw[0], (1, dw[1]), 0), default=(None, 0))
 
+    if kernel.device != "any":  # type: ignore[attr-defined]
+        device = kernel.device  # type: ignore[attr-defined]
+    # whether the pass may map its strips (mapped_inputs): its plan then sets their large pages aside.
+    # Decided from the kernel and the operands' layout only, not from the probe or the platform, so that
+    # the strips (and the bits) do not depend on what the page cache holds or where the pass runs
+    may_map = (device or job.device) == "cpu" and getattr(kernel, "read_only", False) and \
+        any(s.reads == "direct" and not s.transposed and s.chunks_across == 1 for s in sources)
+
     def plan(w: int, prefetch: int | None = None) -> RowPassPlan:
         return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
                          partial_rows=all(s.partial_rows for s in sources),
@@ -254,7 +262,7 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
                          min_tasks=min_tasks,  # None: the canonical split (the same on every scheduler)
                          cache_bytes=sum(s.chunk_rows * s.row_bytes for s in sources if not s.partial_rows),
                          loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1, prefetch=prefetch,
-                         decoded=decoded[0], decoded_width=decoded[1])
+                         decoded=decoded[0], decoded_width=decoded[1], mapped=may_map)
 
     if workers is None:
         workers = job.workers(0)  # the setting, or a cluster's threads per worker; 0: not set
@@ -264,8 +272,6 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
             workers = job.cfg.workers or 0
     if workers:
         return plan(workers)
-    if kernel.device != "any":  # type: ignore[attr-defined]
-        device = kernel.device  # type: ignore[attr-defined]
     return pass_workers(plan, device or job.device)
 
 
@@ -439,14 +445,17 @@ def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tup
     pages are slower than the copy (:mod:`blocklin.storage.mapped`). The same bytes reach the kernel
     either way. None where no source is mapped.
 
-    Mapped pages are resident like the slots they replace, but 2 MiB at a time, which no plan counts: so a
-    pass maps only where its budget allows the rounding (:func:`blocklin.storage.mapped.within_budget`).
+    Mapped pages are resident like the slots they replace, but 2 MiB at a time: a pass maps only where
+    its plan set that rounding aside (``mapping_bytes``, :func:`blocklin.plan.passes.plan_pass` with
+    ``mapped``: from budgets of five times :func:`blocklin.storage.mapped.reservation`), or where its
+    budget's allowance holds it (:func:`blocklin.storage.mapped.within_budget`, for plans made without).
     """
     from blocklin.storage import mapped as mapping
 
     if spec.device != "cpu" or not mapping.AVAILABLE or not getattr(spec.kernel, "read_only", False):
         return None
-    if spec.plan is not None and not mapping.within_budget(spec.plan.memory, spec.plan.workers):
+    if spec.plan is not None and not spec.plan.mapping_bytes and \
+            not mapping.within_budget(spec.plan.memory, spec.plan.workers):
         return None
     got = []
     for j, s in enumerate(sources):

@@ -166,16 +166,41 @@ def pmd_mapped_kib() -> int | None:
     return None
 
 
-def within_budget(budget: int, tasks: int) -> bool:
-    """Whether a pass of ``tasks`` concurrent tasks under ``budget`` bytes may map its strips.
+#: Where a pass may map its strips, the share of its budget (one in this many bytes) that its plan may
+#: set aside for their large pages (:func:`reservation`): at most a fifth, so from 50 MiB with two
+#: tasks, 30 MiB with one. ``benchmarks/feed.py``'s later pass over 1 GiB on the 2-core machine (medians
+#: of 3 alternated runs, docs/benchmarks.md "Mapped strips from a sixteenth of the operand"): at 64 MiB
+#: (10 MiB set aside, 16%; the strips stay one 8 MiB chunk) 6.82 GB/s mapped against 1.87 copied, at
+#: 51.2 MiB (20%: strips of 1757 rows mapped against 2048 copied) 5.63 against 1.88.
+RESERVE_SHARE = 5
+
+
+def reservation(tasks: int) -> int:
+    """The memory the large pages of a pass's mapped strips may take beyond their bytes, with ``tasks``
+    concurrent tasks: ``(2 tasks + 1) x 2 MiB``.
 
     Mapped pages are resident while mapped, 2 MiB at a time: a task's mapped strip can hold up to one
-    large page more at each end than its bytes, and the probe (:func:`large_pages`) maps one. The plans
-    count the strips, not that rounding, so a pass maps only where it stays within a tenth of the budget
-    (the allowance of the budget sweep, ``benchmarks/budgets.py``): from about 100 MiB with two tasks.
-    Below, a 1024 x 1024 float64 input in one chunk, solved at 2 MiB, had peaked 4.5 MiB of mapped pages
-    above its plan."""
-    return (2 * tasks + 1) * LARGE_PAGE <= budget // 10
+    large page more at each end than its bytes, and the probe (:func:`large_pages`) maps one. A plan
+    that may map sets this aside from the budget its strips are sized from
+    (:func:`blocklin.plan.passes.plan_pass`, ``mapped``) where it is at most a :data:`RESERVE_SHARE`-th of
+    the budget (:func:`worth_reserving`); below, its strips are copied."""
+    return (2 * max(1, int(tasks)) + 1) * LARGE_PAGE
+
+
+def worth_reserving(budget: int, tasks: int) -> bool:
+    """Whether a pass of ``tasks`` concurrent tasks under ``budget`` bytes sets :func:`reservation` aside
+    for mapped strips: where it is at most a :data:`RESERVE_SHARE`-th of the budget."""
+    return reservation(tasks) * RESERVE_SHARE <= budget
+
+
+def within_budget(budget: int, tasks: int) -> bool:
+    """Whether a pass of ``tasks`` concurrent tasks under ``budget`` bytes whose plan set nothing aside
+    for its mapped strips (:func:`reservation`) may map them all the same: where their large pages
+    stay within a tenth of the budget (the allowance of the budget sweep, ``benchmarks/budgets.py``),
+    from about 100 MiB with two tasks. Plans made by :func:`blocklin.plan.passes.plan_pass` without
+    ``mapped`` (a Gram's, an inverse's staging pass) map under this rule only. Below, a 1024 x 1024
+    float64 input in one chunk, solved at 2 MiB, had peaked 4.5 MiB of mapped pages above its plan."""
+    return reservation(tasks) <= budget // 10
 
 
 def large_pages(path: str) -> bool:

@@ -254,10 +254,47 @@ def test_which_inputs_a_pass_maps(stored, tmp_path, monkeypatch, case):
 
 
 def test_a_pass_maps_only_where_its_budget_allows_the_large_pages():
-    """Two tasks' mapped strips can hold 2 large pages each beyond their bytes, the probe one more: 10 MiB,
-    at most a tenth of the budget."""
+    """Two tasks' mapped strips can hold 2 large pages each beyond their bytes, the probe one more: 10 MiB.
+    A plan sets that aside where it is at most a fifth of the budget; a plan that set nothing aside maps
+    where it is at most a tenth."""
+    assert mapping.reservation(2) == 10 << 20 and mapping.reservation(1) == 6 << 20
+    assert not mapping.worth_reserving(49 << 20, 2) and mapping.worth_reserving(50 << 20, 2)
+    assert mapping.worth_reserving(30 << 20, 1) and not mapping.worth_reserving(30 << 20, 2)
     assert not mapping.within_budget(2 << 20, 2) and not mapping.within_budget(99 << 20, 2)
     assert mapping.within_budget(100 << 20, 2) and not mapping.within_budget(100 << 20, 3)
+
+
+@row_kernel(memory=lambda params, sources: PassMemory(), device="cpu", read_only=True)
+def _reads_only(device, arrays, rows, params, state):
+    return None, None
+
+
+@row_kernel(memory=lambda params, sources: PassMemory(), device="cpu")
+def _may_write(device, arrays, rows, params, state):
+    return None, None
+
+
+@pytest.mark.parametrize("case", ["reads only", "writes its strips", "zstd", "below a fifth"])
+def test_a_plan_that_may_map_sets_the_large_pages_aside(tmp_path, case):
+    """A read-only pass over local uncompressed chunks sets ``(2 tasks + 1) x 2 MiB`` aside from the budget
+    its strips are sized from, whether or not the page cache holds the input in large pages (the strips,
+    so the bits, do not depend on it), where that is at most a fifth of the budget; other passes, and
+    smaller budgets, set nothing aside and size their strips from the whole budget."""
+    x = np.zeros((65536, 64))  # 32 MiB in 2 MiB chunks
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(4096, 64), codec="zstd" if case == "zstd" else None)
+    memory = "40MiB" if case == "below a fifth" else "64MiB"
+    with Job("mapped-plan", memory=memory, scheduler="threads", workers=2) as job:
+        op = job.operand(a.path, "a")
+        kernel = _may_write if case == "writes its strips" else _reads_only
+        plan = passes.plan_kernel_pass(job, kernel, [source(op)])
+    assert plan.workers == 2 and plan.peak_memory <= plan.memory == job.cfg.memory
+    if case == "reads only":
+        assert plan.mapping_bytes == mapping.reservation(2) and "kept for the large pages" in plan.explain()
+        # the strips are those of the budget less the reservation
+        assert plan.peak_memory - plan.mapping_bytes <= job.cfg.memory - mapping.reservation(2)
+        assert plan.to_dict()["mapping_bytes"] == plan.mapping_bytes
+    else:
+        assert plan.mapping_bytes == 0 and "mapping_bytes" not in plan.to_dict()
 
 
 MEMORY_CHILD = """
@@ -299,6 +336,53 @@ def test_a_pass_over_mapped_strips_peaks_within_its_budget(tmp_path):
     used = r["peak"] - r["baseline"]
     assert r["mapped"] and r["plan_peak"] <= budget and r["strips"] < 32768 // 8
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 8 MiB"
+
+
+MAPPED_AT_64_CHILD = """
+    import numpy as np
+    import blocklin.storage.mapped as mapping
+    from blocklin.plan.passes import PassMemory
+    from blocklin.runtime.job import Job
+    from blocklin.runtime.passes import row_kernel, run_pass, source
+
+    mapping.large_pages = lambda path: True  # whatever pages this machine's page cache holds
+
+    @row_kernel(memory=lambda params, sources: PassMemory(fixed=sources[0].width ** 2 * 8), device="cpu",
+                read_only=True)
+    def gram(device, arrays, rows, params, state):
+        g = arrays[0].T @ arrays[0]
+        return (g if state is None else state + g), None
+
+    path, memory = sys.argv[1:3]
+    warm_blas()
+    # the baseline before the job: a pass's last mapped strips stay mapped until the thread's next pass
+    # (as a copying pass's slots stay in the pool), so a baseline between passes would hold them
+    reset_hwm()
+    base = hwm()
+    with Job("mapped-memory", memory=memory, scheduler="threads") as job:
+        op = job.operand(path, "a")
+        run_pass(job, gram, [source(op)], check_finite=False)  # the first pass (its peaks)
+        states, plan = run_pass(job, gram, [source(op)], check_finite=False)  # a later pass
+        print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": plan.peak_memory,
+                          "reserved": getattr(plan, "mapping_bytes", 0), "workers": plan.workers, "strips": plan.strip,
+                          "bytes_mapped": job.stats.get("bytes_mapped", 0)}))
+"""
+
+
+@needs_hwm
+def test_a_pass_at_a_sixteenth_of_its_input_maps_within_its_budget(tmp_path):
+    """At 64 MiB with two tasks a pass sets the large pages of its mapped strips aside (10 MiB) and maps
+    them (they had been copied below about 100 MiB); a job's first pass and a later one, mapped pages
+    and all, peak within the budget and the usual margin."""
+    x = np.random.default_rng(5).standard_normal((131072, 128))  # 128 MiB in 2 MiB chunks: twice the budget
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(2048, 128))
+    del x
+    budget = 64 * 2**20
+    r = run_child(MAPPED_AT_64_CHILD, str(a.path), "64MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["bytes_mapped"] == 2 * 131072 * 128 * 8  # every strip of both passes mapped
+    assert r["workers"] == 2 and r["reserved"] == 10 * 2**20 and r["plan_peak"] <= budget
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 64 MiB"
 
 
 @pytest.mark.slow
