@@ -11,6 +11,7 @@ URLs. The same test suite (``tests/storage/test_storage_backends.py``) runs agai
 from __future__ import annotations
 
 import abc
+import contextlib
 
 import functools
 import os
@@ -20,6 +21,7 @@ from typing import Any
 
 from blocklin.storage.location import Location
 from blocklin.storage.records import OWNER_RECORD
+from blocklin.storage.space import naming
 
 
 def rmtree_owner_last(path: str) -> None:
@@ -133,8 +135,16 @@ class LocalBackend(Backend):
         p = self._p(key)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         tmp = f"{p}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            named = naming(exc, p)  # a full disk's write() names no file
+            if named is exc:
+                raise
+            raise named from exc
         os.replace(tmp, p)  # readers never see half an object
 
     def remove(self, key: str = "") -> None:

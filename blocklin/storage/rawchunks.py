@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import functools
 import mmap
 import os
@@ -39,6 +40,7 @@ import numpy as np
 
 from blocklin.device import pool
 from blocklin.errors import FormatError, StoreReadError
+from blocklin.storage.space import naming
 
 import blocklin._readstats as readstats
 
@@ -61,10 +63,26 @@ def chunk_file(path: str, writer: object) -> Iterator[Any]:
         with open(tmp, "wb", buffering=0) as f:
             yield f
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
+        named = naming(exc, path)  # a full disk's write() names no file
+        if named is exc:
+            raise
+        raise named from exc
+
+
+def write_all(f: Any, data: memoryview) -> None:
+    """Write all of ``data`` to the unbuffered file ``f``. Its ``write`` may write part and return the
+    count (a disk that fills mid-write); the rest is written again, and the next write raises the
+    ``OSError`` (ENOSPC): a chunk renamed into place is never short."""
+    data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    done = 0
+    while done < len(data):
+        n = f.write(data[done:])
+        if not n:  # pragma: no cover - a regular file's write returns > 0 or raises
+            raise OSError(errno.EIO, "write wrote nothing", getattr(f, "name", None))
+        done += n
 
 
 class RawChunks:
@@ -375,18 +393,18 @@ class RawChunks:
                 full = src.shape == self.chunks and src.dtype == self.dtype
                 with chunk_file(path, self) as f:
                     if full and src.flags.c_contiguous:
-                        f.write(memoryview(src.reshape(-1).view(np.uint8)))
+                        write_all(f, memoryview(src.reshape(-1).view(np.uint8)))
                     elif full and src.strides[1] == src.itemsize:  # rows of a wider block: no gathering copy
                         if not _writev_rows(f.fileno(), src):
                             f.seek(0)
                             f.truncate()
-                            f.write(memoryview(np.ascontiguousarray(src).reshape(-1).view(np.uint8)))
+                            write_all(f, memoryview(np.ascontiguousarray(src).reshape(-1).view(np.uint8)))
                     else:  # edge chunks are stored at full size, padded with the fill value
                         buf = self._chunk_buffer()
                         if src.shape != self.chunks:
                             buf.fill(self.fill_value)
                         buf[: src.shape[0], : src.shape[1]] = src
-                        f.write(memoryview(buf.reshape(-1).view(np.uint8)))
+                        write_all(f, memoryview(buf.reshape(-1).view(np.uint8)))
 
 
 #: Bytes beyond a chunk's own (and 1/128 of it) that an encoded chunk may take in the reused frame
@@ -723,7 +741,7 @@ class VectorChunkFiles:
         if self.separator == "/":
             os.makedirs(os.path.join(self.root, "c"), exist_ok=True)
         with chunk_file(os.path.join(self.root, f"c{self.separator}{index}"), self) as f:
-            f.write(memoryview(buf.view(np.uint8)))
+            write_all(f, memoryview(buf.view(np.uint8)))
 
 
 def vector_chunk_files(arr: Any) -> VectorChunkFiles | None:

@@ -152,6 +152,17 @@ def writing(arr: Any) -> Iterator[None]:
         raise OSError(exc.errno, exc.strerror, loc.url) from exc
 
 
+def naming(exc: BaseException, path: str | None) -> BaseException:
+    """``exc`` with ``path`` as its file name when it is an ``OSError`` of a write that names no file
+    (``write()``/``pwrite()`` on a full disk names none), so that :func:`describe_os_error` can say
+    where and what to do; any other exception as it is."""
+    if not isinstance(exc, OSError) or exc.filename is not None or exc.errno is None or not path:
+        return exc
+    named = OSError(exc.errno, exc.strerror, os.path.abspath(path))
+    named.__cause__ = exc
+    return named
+
+
 def make_temp_folder(path: str) -> None:
     """Create a work folder under the temp dir; an unusable temp dir is a :class:`TempDirError`
     naming the folder, the setting and the fix."""
@@ -195,7 +206,7 @@ def describe_os_error(exc: OSError) -> str | None:
                    f"({type(exc).__name__} errno {exc.errno})", fix)
 
 
-__all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder"]
+__all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder", "naming"]
 
 
 def folder_size(path: str) -> int:

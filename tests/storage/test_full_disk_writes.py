@@ -1,0 +1,59 @@
+"""Writes that meet a full disk part way: every byte is written or the write fails naming the file,
+and nothing half written is left where a reader (or a commit) would take it for data.
+
+A disk can fill after the up-front space check passed (another program writes to it), so these
+tests fill a small tmpfs (root only; skipped where mounting is not permitted) instead of relying on
+the check."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from blocklin.storage.backend import backend
+from blocklin.storage.location import as_location
+from blocklin.storage.rawchunks import raw_access
+from blocklin.storage.space import describe_os_error
+from blocklin.storage.zarr_store import create_array, write_block
+from support.hostile import small_tmpfs
+
+
+def _fill(folder, leave: int) -> None:
+    """Fill ``folder``'s file system until ``leave`` bytes (rounded to pages) are free."""
+    free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+    with open(folder / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+
+
+def test_a_chunk_that_meets_a_full_disk_is_an_error_not_a_short_chunk(tmp_path):
+    """An unbuffered write() returns a short count, without an error, when the disk fills part way;
+    the chunk writer had renamed the short file into place as the chunk (80000 bytes expected, 28672
+    on disk in a Cholesky factor on a full tmpfs), so the run failed later with a 'truncated or
+    corrupt' read of its own output, or committed it where nothing read it back."""
+    full = tmp_path / "full"
+    with small_tmpfs(full, "1m"):
+        arr = create_array(full / "x.zarr", shape=(100, 100), dtype="float64", chunks=(100, 100))
+        assert raw_access(arr) is not None  # the direct chunk-file path is the one under test
+        _fill(full, 32 * 1024)
+        with pytest.raises(OSError) as info:
+            write_block(arr, slice(0, 100), slice(0, 100), np.ones((100, 100)))
+        assert info.value.errno == errno.ENOSPC
+        message = describe_os_error(info.value)
+        assert message is not None and str(full / "x.zarr") in message and "Fix: free space" in message
+        assert not (full / "x.zarr" / "c" / "0" / "0").exists()
+        assert [p for p in os.listdir(full / "x.zarr" / "c" / "0") if ".tmp-" in p] == []
+
+
+def test_a_record_that_meets_a_full_disk_names_its_file_and_leaves_no_temporary(tmp_path):
+    full = tmp_path / "full"
+    with small_tmpfs(full, "1m"):
+        (full / "store").mkdir()
+        _fill(full, 8 * 1024)
+        with pytest.raises(OSError) as info:
+            backend(as_location(str(full / "store"))).write_bytes("records/r.bin", b"\1" * 200_000)
+        message = describe_os_error(info.value)  # had been None: the error named no file
+        assert message is not None and "records/r.bin" in message and "Fix: free space" in message
+        assert os.listdir(full / "store" / "records") == []
