@@ -34,7 +34,7 @@ from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage, output_dtype
 from blocklin.storage.location import Location, as_location, split_spec
 from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
-from blocklin.storage.space import check_space
+from blocklin.storage.space import check_space, naming
 from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
 from blocklin.validate import MAX_COUNT
 
@@ -289,10 +289,15 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
                       bytes_written=backend(final).size("") if isinstance(final, Location) else disk_usage(final))
         report["throughput_gbps"] = (plan.bytes_read / report["seconds"] / 1e9) if report["seconds"] > 0 else 0.0
         return report
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
+    except BaseException as exc:
+        if writer is None:
+            raise
+        partial = writer.partial_path
+        writer.abort()
+        named = naming(exc, partial)  # a full disk's write() names no file: name the export's
+        if named is exc:
+            raise
+        raise named from exc
     finally:
         reader.close()
 

@@ -13,12 +13,13 @@ import os
 import numpy as np
 import pytest
 
+import blocklin
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
 from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.space import describe_os_error
 from blocklin.storage.zarr_store import create_array, write_block
-from support.hostile import small_tmpfs
+from support.hostile import leftovers, small_tmpfs, write_zarr
 
 
 def _fill(folder, leave: int) -> None:
@@ -57,3 +58,23 @@ def test_a_record_that_meets_a_full_disk_names_its_file_and_leaves_no_temporary(
         message = describe_os_error(info.value)  # had been None: the error named no file
         assert message is not None and "records/r.bin" in message and "Fix: free space" in message
         assert os.listdir(full / "store" / "records") == []
+
+
+@pytest.mark.parametrize("name", ["x.npy", "x.csv", "x.mtx"])
+def test_a_file_export_that_meets_a_full_disk_names_the_file(tmp_path, monkeypatch, name):
+    """A file export's ENOSPC had reached the user as 'OSError: [Errno 28] No space left on device'."""
+    import shutil
+
+    from blocklin.storage import space
+
+    a = np.random.default_rng(1).standard_normal((300, 300))
+    write_zarr(tmp_path / "a.zarr", a, (100, 100))
+    full = tmp_path / "full"
+    with small_tmpfs(full, "400k"):
+        real = shutil.disk_usage  # the up-front check sees room that is gone by the time of the writes
+        monkeypatch.setattr(space.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 40))
+        with pytest.raises(OSError) as info:
+            blocklin.convert(str(tmp_path / "a.zarr"), str(full / name), memory="8MiB")
+        message = describe_os_error(info.value)
+        assert message is not None and str(full / name) in message and "Fix: free space" in message, info.value
+        assert os.listdir(full) == [] and leftovers(tmp_path, full) == []

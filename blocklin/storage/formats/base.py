@@ -148,6 +148,13 @@ class Writer(abc.ABC):
     overhead_per_element = 0
     overhead_bytes = 0
 
+    @property
+    def partial_path(self) -> str | None:
+        """The local file this writer is writing before its commit (None: a store or dataset, whose own
+        writes name their files)."""
+        atomic = getattr(self, "_atomic", None)
+        return None if atomic is None else str(atomic.partial)
+
     def __init__(self, path: str, shape: tuple[int, int], dtype: Any) -> None:
         self.path = path
         self.shape = tuple(int(s) for s in shape)
