@@ -35,6 +35,16 @@ def _existing_folder(path: str) -> str:
     return folder
 
 
+def _mount_point(folder: str) -> str:
+    """The mount point of the file system holding the existing ``folder``."""
+    while not os.path.ismount(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return folder
+
+
 def _final_name(path: str) -> str:
     """The path a user named: ``DIR/.NAME.partial-TOKEN`` (an output being written) is ``DIR/NAME``."""
     head, tail = os.path.split(path.rstrip(os.sep))
@@ -193,13 +203,17 @@ def describe_os_error(exc: OSError) -> str | None:
         return None
     path = os.fspath(path)
     folder = _existing_folder(os.path.dirname(os.path.abspath(path)))
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    parts = os.path.abspath(path).split(os.sep)
+    in_place = not _under_temp_dir(path) and not any(_PARTIAL.match(p) for p in parts)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) and in_place:
+        # a write into a stored matrix itself (an append): there is no other -o path to suggest
+        fix = f"free space on the file system mounted at {_mount_point(folder)}, then run the command again"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = _fix(path, folder)
     elif exc.errno == errno.ENOENT:
         fix = _fix(path, folder, "create {folder}'s missing subfolders or check the path", "an existing folder")
     else:
         fix = _fix(path, folder, "make {folder} writable", "a writable folder")
-    parts = os.path.abspath(path).split(os.sep)
     what = "temp dir" if _under_temp_dir(path) else "out" if any(_PARTIAL.match(p) for p in parts) else "path"
     shown = os.sep.join(_final_name(p) if _PARTIAL.match(p) else p for p in path.split(os.sep))
     return explain(what, "must be writable with room for the job's data", f"{shown}: {words} "

@@ -78,3 +78,29 @@ def test_a_file_export_that_meets_a_full_disk_names_the_file(tmp_path, monkeypat
         message = describe_os_error(info.value)
         assert message is not None and str(full / name) in message and "Fix: free space" in message, info.value
         assert os.listdir(full) == [] and leftovers(tmp_path, full) == []
+
+
+def test_an_append_that_meets_a_full_disk_leaves_the_matrix_and_says_to_free_space(tmp_path, monkeypatch, capsys):
+    """The fix of a full disk under an append had been 'write the output to a larger disk (another
+    -o/out= path)': append has no -o, the matrix it writes into is where it is."""
+    import shutil
+
+    from blocklin.cli.main import main
+    from blocklin.storage import space
+
+    full = tmp_path / "full"
+    a = np.random.default_rng(2).standard_normal((2000, 60))
+    with small_tmpfs(full, "3m"):
+        assert blocklin.convert(str(write_zarr(tmp_path / "t.zarr", a, (250, 60))), str(full / "T.zarr"),
+                                chunks=(250, 60))
+        np.save(tmp_path / "new.npy", np.ones((1500, 60)))
+        real = shutil.disk_usage  # the up-front check sees room that is gone by the time of the writes
+        monkeypatch.setattr(space.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 40))
+        _fill(full, 200 * 1024)
+        rc = main(["append", str(full / "T.zarr"), str(tmp_path / "new.npy"), "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1 and len(err) == 1, err
+        assert "no space left" in err[0] and str(full / "T.zarr") in err[0], err
+        assert f"free space on the file system mounted at {full}" in err[0] and "-o/out=" not in err[0], err
+        np.testing.assert_array_equal(blocklin.open(str(full / "T.zarr")).to_numpy(), a)
+        assert not (full / "T.zarr" / ".blocklin-append.json").exists() and leftovers(full, full / "T.zarr") == []
