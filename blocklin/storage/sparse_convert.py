@@ -37,6 +37,7 @@ from blocklin.errors import (
 from blocklin.progress import make_progress
 from blocklin.storage.formats.base import output_dtype
 from blocklin.storage.location import as_location
+from blocklin.storage.space import naming
 from blocklin.storage.sparse import (
     MIN_ENTRY_CHUNK, SparseStore, SparseWriter, entry_chunk_for, index_dtype_for, writer_bytes,
 )
@@ -934,9 +935,12 @@ def export_sparse(src: Any, out: Any, fmt: str, *, memory: Any = None, overwrite
         else:
             _write_mtx(store, target.partial, prog)
         final = target.commit()
-    except BaseException:
+    except BaseException as exc:
         target.abort()
-        raise
+        named = naming(exc, str(target.partial))  # a full disk's write() names no file: name the export's
+        if named is exc:
+            raise
+        raise named from exc
     finally:
         prog.close()
     return {"output": str(final), "input": str(src), "layout": "sparse", "from": "blocklin-csr", "to": fmt,

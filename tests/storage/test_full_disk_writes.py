@@ -104,3 +104,21 @@ def test_an_append_that_meets_a_full_disk_leaves_the_matrix_and_says_to_free_spa
         assert f"free space on the file system mounted at {full}" in err[0] and "-o/out=" not in err[0], err
         np.testing.assert_array_equal(blocklin.open(str(full / "T.zarr")).to_numpy(), a)
         assert not (full / "T.zarr" / ".blocklin-append.json").exists() and leftovers(full, full / "T.zarr") == []
+
+
+@pytest.mark.parametrize("name", ["s.mtx", "s.npz"])
+def test_a_sparse_export_that_meets_a_full_disk_names_the_file(tmp_path, name):
+    """A sparse group's export had failed with 'OSError: [Errno 28] No space left on device'."""
+    import scipy.io
+    import scipy.sparse
+
+    s = scipy.sparse.random(2000, 2000, density=0.01, random_state=1, format="csr")
+    scipy.io.mmwrite(str(tmp_path / "s.mtx"), s)
+    blocklin.convert(str(tmp_path / "s.mtx"), str(tmp_path / "S.zarr"))
+    full = tmp_path / "full"
+    with small_tmpfs(full, "100k"):  # under the export's size (an .npz of 40000 random values included)
+        with pytest.raises(OSError) as info:
+            blocklin.convert(str(tmp_path / "S.zarr"), str(full / name))
+        message = describe_os_error(info.value)
+        assert message is not None and str(full / name) in message and "Fix: free space" in message, info.value
+        assert os.listdir(full) == [] and leftovers(tmp_path, full) == []
