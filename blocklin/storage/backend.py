@@ -21,7 +21,7 @@ from typing import Any
 
 from blocklin.storage.location import Location
 from blocklin.storage.records import OWNER_RECORD
-from blocklin.storage.space import naming
+from blocklin.storage.space import raise_naming
 
 
 def rmtree_owner_last(path: str) -> None:
@@ -141,10 +141,7 @@ class LocalBackend(Backend):
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            named = naming(exc, p)  # a full disk's write() names no file
-            if named is exc:
-                raise
-            raise named from exc
+            raise_naming(exc, p)  # a full disk's write() names no file
         os.replace(tmp, p)  # readers never see half an object
 
     def remove(self, key: str = "") -> None:

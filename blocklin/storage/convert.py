@@ -34,7 +34,7 @@ from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage, output_dtype
 from blocklin.storage.location import Location, as_location, split_spec
 from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
-from blocklin.storage.space import check_space, naming
+from blocklin.storage.space import check_space, raise_naming
 from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
 from blocklin.validate import MAX_COUNT
 
@@ -294,10 +294,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             raise
         partial = writer.partial_path
         writer.abort()
-        named = naming(exc, partial)  # a full disk's write() names no file: name the export's
-        if named is exc:
-            raise
-        raise named from exc
+        raise_naming(exc, partial)  # a full disk's write() names no file: name the export's
     finally:
         reader.close()
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from blocklin.device import pool
 from blocklin.errors import FormatError, StoreReadError
-from blocklin.storage.space import naming
+from blocklin.storage.space import raise_naming
 
 import blocklin._readstats as readstats
 
@@ -66,10 +66,7 @@ def chunk_file(path: str, writer: object) -> Iterator[Any]:
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        named = naming(exc, path)  # a full disk's write() names no file
-        if named is exc:
-            raise
-        raise named from exc
+        raise_naming(exc, path)  # a full disk's write() names no file
 
 
 def write_all(f: Any, data: memoryview) -> None:

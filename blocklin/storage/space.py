@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from blocklin.errors import DiskSpaceError, TempDirError, explain
 
@@ -24,25 +24,25 @@ from blocklin.errors import DiskSpaceError, TempDirError, explain
 _PARTIAL = re.compile(r"^\.(.+)\.partial-[0-9a-zA-Z]+$")
 
 
-def _existing_folder(path: str) -> str:
-    """The nearest folder at or above ``path`` that exists (where the new files will land)."""
+def _climb(path: str, found: Any) -> str:
+    """The nearest folder at or above ``path`` for which ``found`` holds (the root where none does)."""
     folder = os.path.abspath(path)
-    while not os.path.isdir(folder):
+    while not found(folder):
         parent = os.path.dirname(folder)
         if parent == folder:
             break
         folder = parent
     return folder
+
+
+def _existing_folder(path: str) -> str:
+    """The nearest folder at or above ``path`` that exists (where the new files will land)."""
+    return _climb(path, os.path.isdir)
 
 
 def _mount_point(folder: str) -> str:
     """The mount point of the file system holding the existing ``folder``."""
-    while not os.path.ismount(folder):
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return folder
+    return _climb(folder, os.path.ismount)
 
 
 def _final_name(path: str) -> str:
@@ -173,6 +173,15 @@ def naming(exc: BaseException, path: str | None) -> BaseException:
     return named
 
 
+def raise_naming(exc: BaseException, path: str | None) -> NoReturn:
+    """Raise ``exc``, or the :func:`naming` copy of it that names ``path`` (from ``exc``): in the ``except``
+    of a write whose ``OSError`` may name no file (a full disk's)."""
+    named = naming(exc, path)
+    if named is exc:
+        raise exc
+    raise named from exc
+
+
 def make_temp_folder(path: str) -> None:
     """Create a work folder under the temp dir; an unusable temp dir is a :class:`TempDirError`
     naming the folder, the setting and the fix."""
@@ -220,7 +229,7 @@ def describe_os_error(exc: OSError) -> str | None:
                    f"({type(exc).__name__} errno {exc.errno})", fix)
 
 
-__all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder", "naming"]
+__all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder", "naming", "raise_naming"]
 
 
 def folder_size(path: str) -> int:

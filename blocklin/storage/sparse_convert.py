@@ -37,7 +37,7 @@ from blocklin.errors import (
 from blocklin.progress import make_progress
 from blocklin.storage.formats.base import output_dtype
 from blocklin.storage.location import as_location
-from blocklin.storage.space import naming
+from blocklin.storage.space import raise_naming
 from blocklin.storage.sparse import (
     MIN_ENTRY_CHUNK, SparseStore, SparseWriter, entry_chunk_for, index_dtype_for, writer_bytes,
 )
@@ -937,10 +937,7 @@ def export_sparse(src: Any, out: Any, fmt: str, *, memory: Any = None, overwrite
         final = target.commit()
     except BaseException as exc:
         target.abort()
-        named = naming(exc, str(target.partial))  # a full disk's write() names no file: name the export's
-        if named is exc:
-            raise
-        raise named from exc
+        raise_naming(exc, str(target.partial))  # a full disk's write() names no file: name the export's
     finally:
         prog.close()
     return {"output": str(final), "input": str(src), "layout": "sparse", "from": "blocklin-csr", "to": fmt,
