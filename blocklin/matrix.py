@@ -156,7 +156,8 @@ class Matrix:
 
     NumPy's ``@``/``np.matmul``, ``np.dot`` and ``np.linalg``'s ``solve``, ``inv``, ``svd``, ``qr``,
     ``cholesky``, ``lstsq``, ``norm``, ``cond``, ``det`` and ``slogdet`` on a Matrix compute out of core
-    (:mod:`blocklin.linalg.interop.numpy_protocol`); every other NumPy function loads it (``np.asarray``).
+    (:mod:`blocklin.linalg.interop.numpy_protocol`); every other NumPy function loads it (``np.asarray``), and
+    ``==`` and ``!=`` compare the loaded entries as NumPy's operators.
 
     Parameters
     ----------
@@ -254,6 +255,15 @@ class Matrix:
             return self._read(...)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """The loaded matrix (:meth:`to_numpy`), always a new array. ``copy=False`` (NumPy 2's "never
+        copy", ``np.asarray(M, copy=False)``) is refused with NumPy's ``ValueError``: the entries live in
+        the store, and writing into a copy taken for a view would not change them."""
+        if copy is False:
+            raise ParameterError(explain(
+                "copy", "must not be False for a blocklin.Matrix (its entries are read from the store into a "
+                "new array; NumPy 2's copy=False promises a view)", "copy=False",
+                "pass copy=None (np.asarray(M)) for the loaded array; write into the store with "
+                "blocklin.from_array(x, M.path, overwrite=True)"))
         arr = self.to_numpy()
         return arr.astype(dtype, copy=False) if dtype is not None else arr
 
@@ -268,6 +278,16 @@ class Matrix:
         if ufunc is np.matmul and method == "__call__" and not kwargs and np.matmul in ARRAY_FUNCTIONS:
             return ARRAY_FUNCTIONS[np.matmul](*inputs)
         return getattr(ufunc, method)(*_loaded(inputs), **kwargs)
+
+    # == and != compare the entries, as NumPy's operators (on the loaded matrix, as every NumPy function the
+    # protocol does not compute out of core): the default object identity had answered M == 0 with False.
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return np.equal(self, other)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return np.not_equal(self, other)
+
+    __hash__ = object.__hash__  # a handle stays a dictionary key by identity, as before
 
     def __matmul__(self, other: Any) -> Any:
         return np.matmul(self, other)

@@ -157,6 +157,16 @@ class SparseMatrix:
             return numpy_protocol.matmul(*inputs)
         return getattr(ufunc, method)(*_dense(inputs), **{k: _dense(v) for k, v in kwargs.items()})
 
+    # == and != compare the entries, as NumPy's operators on the dense matrix (as every other NumPy function):
+    # the default object identity had answered S == 0 with False.
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return np.equal(self, other)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return np.not_equal(self, other)
+
+    __hash__ = object.__hash__  # a handle stays a dictionary key by identity, as before
+
     def __matmul__(self, other: Any) -> Any:
         return np.matmul(self, other)
 

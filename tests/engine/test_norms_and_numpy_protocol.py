@@ -475,3 +475,65 @@ def test_norms_of_an_empty_matrix_are_numpys(tmp_path, shape, ord):
                 bl.norm(a, ord, memory="1MiB")
         else:
             assert bl.norm(a, ord, memory="1MiB") == want
+
+
+def test_equality_operators_compare_entries_as_numpy(tmp_path):
+    """``M == x`` and ``M != x`` are NumPy's element-wise comparisons (of the loaded matrix): the default object
+    identity had answered ``M == 0`` with ``False``, so ``np.count_nonzero(M == 0)`` counted 0 zeros of 3, and a
+    copy in another store compared unequal, without a word; a stored sparse matrix's too (on its dense copy). The
+    handles stay dictionary keys (by identity)."""
+    a = np.array([[0.0, 1.0], [2.0, 0.0], [0.0, 3.0]])
+    M, N = bl.from_array(a, tmp_path / "m.zarr"), bl.from_array(a, tmp_path / "n.zarr")
+    assert np.count_nonzero(M == 0) == np.count_nonzero(a == 0) == 3
+    for got, want in ((M == 0, a == 0), (0 == M, 0 == a), (M != 0, a != 0), (M == N, a == a), (M != N, a != a),
+                      (M == a[:, :1], a == a[:, :1])):
+        assert isinstance(got, np.ndarray) and got.dtype == bool and np.array_equal(got, want)
+    assert {M: 1}[M] == 1 and hash(M) != hash(N)
+    import scipy.sparse
+
+    S = bl.from_sparse(scipy.sparse.csr_matrix(a), tmp_path / "s.zarr")  # a stored sparse matrix alike
+    for got, want in ((S == 0, a == 0), (S != M, a != a), (a == S, a == a)):
+        assert isinstance(got, np.ndarray) and got.dtype == bool and np.array_equal(got, want)
+    assert {S: 1}[S] == 1
+
+
+def test_asarray_without_a_copy_is_refused(tmp_path):
+    """``np.asarray(M, copy=False)`` asks NumPy 2 for a view, never a copy; it had returned a new array read from
+    the store, into which writes are lost. Refused with NumPy's ``ValueError``; ``copy=None`` and ``True`` load."""
+    a = np.arange(6.0).reshape(3, 2)
+    M = bl.from_array(a, tmp_path / "m.zarr")
+    for call in (lambda: np.asarray(M, copy=False), lambda: np.array(M, copy=False)):
+        with pytest.raises(ValueError, match=r"^copy: must not be False for a blocklin\.Matrix.*Fix: pass copy=None"):
+            call()
+    with pytest.raises(ValueError):
+        np.asarray(a.astype(np.float32), dtype=np.float64, copy=False)  # NumPy's own rule
+    for got in (np.asarray(M), np.array(M, copy=True), np.asarray(M, dtype=np.float32)):
+        assert np.array_equal(got, a)
+
+
+def test_numpy_solve_of_a_rectangle_is_refused_as_numpys(stored):
+    """``np.linalg.solve`` of a non-square ``Matrix`` had returned ``blocklin.solve``'s least-squares solution where
+    NumPy raises ``LinAlgError`` (of an inconsistent ``b``, an ``x`` with ``A x != b``, without a word): refused,
+    naming ``lstsq``. ``blocklin.solve`` itself keeps its least squares."""
+    _, b, _, B = stored
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.solve(b, np.ones(120))
+    with pytest.raises(ShapeError, match=r"^a: must be square for numpy\.linalg\.solve.*got shape 120 x 7\. "
+                                         r"Fix: call numpy\.linalg\.lstsq"):
+        np.linalg.solve(B, np.ones(120))
+    assert bl.solve(B, np.ones(120)).shape == (7, 1)
+
+
+@pytest.mark.parametrize("ord", [None, "fro", 1, -1, math.inf, -math.inf])
+def test_norm_of_half_precision_data_is_a_numpy_float16(tmp_path, ord):
+    """``np.linalg.norm`` of float16 data is a ``numpy.float16`` in NumPy (its other functions refuse float16, as
+    blocklin's); the stored matrix's had been a ``numpy.float32``. The value is the float64 norm of the data
+    rounded once to float16 (relative error ``eps16 / 2``; ``eps16`` allowed); NumPy's, accumulated in float16 over
+    at most 12 terms, is within ``12 eps16`` of it (Higham Thm 3.5, the bound of support.tolerances)."""
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-4, 4, (12, 9)).astype(np.float16)
+    M = bl.from_array(a, tmp_path / "h.zarr")
+    got, ref, exact = np.linalg.norm(M, ord), np.linalg.norm(a, ord), np.linalg.norm(a.astype(np.float64), ord)
+    assert type(got) is type(ref) is np.float16
+    assert abs(float(got) - exact) <= eps(np.float16) * exact
+    assert abs(float(got) - float(ref)) <= 12 * eps(np.float16) * exact

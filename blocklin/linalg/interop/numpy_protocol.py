@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ParameterError, explain
+from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import ARRAY_FUNCTIONS, Matrix
 
 
@@ -82,8 +82,16 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
 
 
 def solve(a: Any, b: Any) -> Any:
+    """``numpy.linalg.solve``: a square ``a`` only, as NumPy's (``blocklin.solve`` of a rectangle is a least-squares
+    solution, which had come back for NumPy's LinAlgError without a word, ``A x != b`` for an inconsistent ``b``)."""
     from blocklin.linalg.solve.router import solve as bl_solve
 
+    shape = np.shape(a)
+    if len(shape) == 2 and shape[0] != shape[1]:
+        raise ShapeError(explain(
+            "a", "must be square for numpy.linalg.solve (as NumPy's: a rectangle has no exact solution in general)",
+            f"shape {shape[0]} x {shape[1]}", "call numpy.linalg.lstsq(a, b) or blocklin.solve(a, b) for the "
+            "least-squares solution"))
     return _vector_result(bl_solve(a, b), b)
 
 
@@ -163,21 +171,25 @@ def slogdet(a: Any) -> tuple:
 
 
 def linalg_dtype(dtype: Any) -> np.dtype:
-    """The dtype ``numpy.linalg`` computes in for an input of ``dtype``: single precision (float32,
-    complex64) stays single, everything else (float64, integers, booleans) double."""
+    """The dtype ``numpy.linalg`` computes in for an input of ``dtype``: half and single precision (float16,
+    float32, complex64) stay as they are (``numpy.linalg.norm`` of float16 data is a ``numpy.float16``; its
+    other functions refuse float16, as blocklin's), everything else (float64, integers, booleans) double."""
     dt = np.dtype(dtype)
     if dt.kind == "c":
         return np.dtype(np.complex64 if dt.itemsize <= 8 else np.complex128)
-    return np.dtype(np.float32 if dt.kind == "f" and dt.itemsize <= 4 else np.float64)
+    if dt.kind == "f" and dt.itemsize <= 4:
+        return dt
+    return np.dtype(np.float64)
 
 
 def as_numpy_result(value: Any, a: Any, *, real: bool = False) -> Any:
     """``value`` (computed by blocklin in float64 or complex128) as the scalar ``numpy.linalg`` returns for
-    an operand of ``a``'s dtype: ``numpy.float32`` for float32 data, ``numpy.complex64`` (or its real part's
-    ``numpy.float32`` where ``real``: norms, conditions, ``logabsdet``) for complex64, float64 otherwise.
+    an operand of ``a``'s dtype: ``numpy.float32`` for float32 data (``numpy.float16`` for float16),
+    ``numpy.complex64`` (or its real part's ``numpy.float32`` where ``real``: norms, conditions, ``logabsdet``)
+    for complex64, float64 otherwise.
 
-    A value beyond float32's range becomes ``inf`` (below it, ``0`` or a subnormal) in the cast, as in NumPy's
-    own float32 result, which overflows there too (and earlier: its sums of squares are float32); the float64
+    A value beyond float32's (float16's) range becomes ``inf`` (below it, ``0`` or a subnormal) in the cast, as in
+    NumPy's own result, which overflows there too (and earlier: its sums of squares are float32); the float64
     value stays in ``blocklin.norm``, ``cond``, ``det`` and ``slogdet``."""
     dt = linalg_dtype(getattr(a, "dtype", np.float64))
     if real:
