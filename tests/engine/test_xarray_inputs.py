@@ -215,3 +215,27 @@ def test_labelled_solve_of_a_lambda_sequence_has_a_lam_dimension():
     assert np.allclose(vec.values, np.stack([_ridge(x, y[:, 0], lam)[0] for lam in lams], axis=1), rtol=1e-9)
     named = bl.solve(xr.DataArray(x, dims=("t", "lam")), y, lam=lams)  # A's features called lam
     assert named.dims == ("lam", "lam_2", "rhs") and list(named["lam_2"].values) == lams
+
+
+def test_products_of_a_dataarray_and_a_matrix(tmp_path):
+    """``X @ M`` with a ``DataArray`` on the left is refused by xarray before blocklin is asked (``DataArray.dot``
+    raises ``TypeError: dot only operates on DataArrays``; ``np.matmul(X, M)`` xarray's ``NotImplementedError`` for
+    generalized ufuncs), never a wrong product. ``np.dot(X, M)``, ``blocklin.matmul(X, M)`` and ``M @ Y`` take the
+    ``DataArray``'s data by position (an unlabelled ``Matrix``, as every other operation): NumPy's product within
+    the product bound ``2 k eps ||A||_F ||B||_F`` (support.tolerances), NumPy- and Dask-backed alike."""
+    from support.tolerances import assert_product
+
+    rng = np.random.default_rng(7)
+    x, m, y = rng.standard_normal((6, 5)), rng.standard_normal((5, 4)), rng.standard_normal((4, 3))
+    M = bl.from_array(m, tmp_path / "m.zarr")
+    for X in (xr.DataArray(x, dims=("time", "station")), xr.DataArray(x, dims=("time", "station")).chunk({"time": 4})):
+        with pytest.raises(TypeError, match="dot only operates on DataArrays"):
+            X @ M
+        with pytest.raises(NotImplementedError, match="generalized ufuncs"):
+            np.matmul(X, M)
+        for got in (np.dot(X, M), bl.matmul(X, M)):
+            assert isinstance(got, bl.Matrix)
+            assert_product(got.to_numpy(), x @ m, x, m)
+    got = M @ xr.DataArray(y, dims=("feature", "target"))
+    assert isinstance(got, bl.Matrix)
+    assert_product(got.to_numpy(), m @ y, m, y)
