@@ -537,3 +537,20 @@ def test_norm_of_half_precision_data_is_a_numpy_float16(tmp_path, ord):
     assert type(got) is type(ref) is np.float16
     assert abs(float(got) - exact) <= eps(np.float16) * exact
     assert abs(float(got) - float(ref)) <= 12 * eps(np.float16) * exact
+
+
+def test_inner_product_of_stored_vectors_is_numpys_scalar(tmp_path):
+    """``v @ w`` and ``np.dot(v, w)`` of two vectors (a stored 1-D ``Matrix`` on either side) are NumPy's scalar
+    inner product; they had been an array of shape ``(1,)`` (``np.stack([v @ v, 1.0])`` then fails, a 2-D
+    result broadcasts). Bound: a product of ``n = 7`` terms, ``2 n eps ||v|| ||w||`` (support.tolerances)."""
+    import zarr
+
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal(7), rng.standard_normal(7)
+    z = zarr.create_array(store=str(tmp_path / "v.zarr"), shape=(7,), dtype="f8", chunks=(3,))
+    z[...] = x
+    V = bl.Matrix(tmp_path / "v.zarr")
+    for got, want in ((V @ V, x @ x), (np.dot(V, V), np.dot(x, x)), (y @ V, y @ x), (V @ y, x @ y),
+                      (np.matmul(V, y), np.matmul(x, y))):
+        assert type(got) is type(want) is np.float64
+        assert abs(got - want) <= 2 * 7 * eps(np.float64) * np.linalg.norm(x) * max(np.linalg.norm(x), np.linalg.norm(y))

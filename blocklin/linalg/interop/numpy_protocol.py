@@ -67,7 +67,9 @@ def matmul(a: Any, b: Any) -> Any:
 
     dtype = _promoted(a, b)
     if np.ndim(a) == 1:  # a row vector times B: (B^T a)^T, vector-sized
-        return _vector_result(bl_matmul(b, in_memory_array(a, "a"), trans_a=True, dtype=dtype), a)
+        v = _vector_result(bl_matmul(b, in_memory_array(a, "a"), trans_a=True, dtype=dtype), a)
+        # two vectors: their inner product, NumPy's scalar (it had been an array of shape (1,))
+        return v.reshape(())[()] if np.ndim(b) == 1 else v
     return _vector_result(bl_matmul(a, b, dtype=dtype), b)
 
 
