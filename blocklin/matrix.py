@@ -142,6 +142,29 @@ def _check_fits_memory(shape: tuple[int, ...], dtype: np.dtype, path: str) -> No
 ARRAY_FUNCTIONS: dict = {}
 
 
+#: NumPy functions that write into their first argument: given a stored matrix there, they would write into
+#: the copy loaded for them and return, the store keeping its entries without a word.
+WRITE_FIRST = (np.copyto, np.fill_diagonal, np.put, np.place, np.putmask, np.put_along_axis)
+
+
+def refuse_writes(handle: type, name: str, first: Any, out: Any, writes_first: bool) -> None:
+    """Refuse a NumPy call that would write into a stored matrix (an instance of ``handle``): one in ``out=``
+    (``out``: the keyword's value, a tuple for ufuncs), or ``first`` where the call writes into its first
+    argument (``writes_first``: :data:`WRITE_FIRST`, a ufunc's ``at``). The store is read into a new array for
+    NumPy, so the writes would be lost (a ufunc's ``out=`` had recursed without end)."""
+    outs = out if isinstance(out, tuple) else (out,)
+    if any(isinstance(o, handle) for o in outs):
+        where, what = "out", f"a blocklin {handle.__name__} as out= of numpy.{name}"
+    elif writes_first and isinstance(first, handle):
+        where, what = f"numpy.{name}'s first argument", f"a blocklin {handle.__name__}"
+    else:
+        return
+    raise ParameterError(explain(
+        where, "must not be a stored matrix (NumPy writes in place, and it would write into a copy read from the "
+        "store: the store would keep its entries)", what,
+        f"load it (x = np.asarray(M)), call numpy.{name} on x, and store x with blocklin.from_array(x, path)"))
+
+
 def _loaded(x: Any) -> Any:
     """``x`` with every Matrix in it (one level of lists and tuples too) loaded as NumPy."""
     if isinstance(x, Matrix):
@@ -269,12 +292,15 @@ class Matrix:
 
     # -- NumPy's dispatch protocols ----------------------------------------------------------------
     def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        refuse_writes(Matrix, func.__name__, args[0] if args else None, kwargs.get("out"), func in WRITE_FIRST)
         impl = ARRAY_FUNCTIONS.get(func)
         if impl is None:  # not an out-of-core operation: NumPy's own on the loaded arrays
             return func._implementation(*_loaded(args), **{k: _loaded(v) for k, v in kwargs.items()})
         return impl(*args, **kwargs)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        refuse_writes(Matrix, f"{ufunc.__name__}" + (f".{method}" if method != "__call__" else ""),
+                      inputs[0] if inputs else None, kwargs.get("out"), method == "at")
         if ufunc is np.matmul and method == "__call__" and not kwargs and np.matmul in ARRAY_FUNCTIONS:
             return ARRAY_FUNCTIONS[np.matmul](*inputs)
         return getattr(ufunc, method)(*_loaded(inputs), **kwargs)

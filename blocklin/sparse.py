@@ -142,7 +142,9 @@ class SparseMatrix:
         a 0-d object array: ``np.sum(S)`` returned ``S`` itself, ``np.linalg.solve(S, b)`` raised
         "0-dimensional array given" and ``S @ B`` a gufunc's dimension error."""
         from blocklin.linalg.interop import numpy_protocol
+        from blocklin.matrix import WRITE_FIRST, refuse_writes
 
+        refuse_writes(SparseMatrix, func.__name__, args[0] if args else None, kwargs.get("out"), func in WRITE_FIRST)
         if func is np.linalg.norm:
             return numpy_protocol.norm(*args, **kwargs)
         if func in _PRODUCTS and not kwargs and len(args) == 2 and min(_ndim(x) for x in args) > 0:
@@ -150,7 +152,12 @@ class SparseMatrix:
         return func._implementation(*_dense(args), **{k: _dense(v) for k, v in kwargs.items()})
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        """``np.matmul`` (``@``, ``ndarray @ S``) by :func:`blocklin.matmul`; other ufuncs on the dense matrix."""
+        """``np.matmul`` (``@``, ``ndarray @ S``) by :func:`blocklin.matmul`; other ufuncs on the dense matrix (never
+        into it: ``out=S`` and ``np.add.at(S, ...)`` are refused, their writes would be lost)."""
+        from blocklin.matrix import refuse_writes
+
+        refuse_writes(SparseMatrix, f"{ufunc.__name__}" + (f".{method}" if method != "__call__" else ""),
+                      inputs[0] if inputs else None, kwargs.get("out"), method == "at")
         if ufunc is np.matmul and method == "__call__" and not kwargs:
             from blocklin.linalg.interop import numpy_protocol
 

@@ -554,3 +554,40 @@ def test_inner_product_of_stored_vectors_is_numpys_scalar(tmp_path):
                       (np.matmul(V, y), np.matmul(x, y))):
         assert type(got) is type(want) is np.float64
         assert abs(got - want) <= 2 * 7 * eps(np.float64) * np.linalg.norm(x) * max(np.linalg.norm(x), np.linalg.norm(y))
+
+
+_WRITES = {
+    "multiply(M, 2, out=M)": lambda M, x: np.multiply(M, 2, out=M),
+    "add(x, x, out=M)": lambda M, x: np.add(x, x, out=M),
+    "add(x, x, M) positional out": lambda M, x: np.add(x, x, M),
+    "matmul(x, x, out=M)": lambda M, x: np.matmul(x, x, out=M),
+    "sum(x, axis=0, out=M)": lambda M, x: np.sum(x, axis=0, out=M),
+    "clip(x, 0, 1, out=M)": lambda M, x: np.clip(x, 0, 1, out=M),
+    "add.at(M, ...)": lambda M, x: np.add.at(M, (0, 0), 5.0),
+    "fill_diagonal(M, 0)": lambda M, x: np.fill_diagonal(M, 0.0),
+    "copyto(M, x)": lambda M, x: np.copyto(M, x),
+    "put(M, ...)": lambda M, x: np.put(M, [0], [100.0]),
+    "putmask(M, ...)": lambda M, x: np.putmask(M, x > 4, 0.0),
+    "place(M, ...)": lambda M, x: np.place(M, x > 4, [0.0]),
+    "put_along_axis(M, ...)": lambda M, x: np.put_along_axis(M, np.zeros((3, 1), dtype=int), 7.0, axis=1),
+}
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("call", list(_WRITES))
+def test_numpy_writes_into_a_stored_matrix_are_refused(tmp_path, call, sparse):
+    """NumPy calls that write in place (``out=M``, ``np.add.at``, ``np.fill_diagonal``, ``np.copyto``, ``np.put``...)
+    had written into the copy loaded for them and returned, the store keeping its entries without a word
+    (``np.fill_diagonal(M, 0)`` did nothing); a ufunc's ``out=M`` recursed without end. Refused naming the
+    destination and the fix; the store is unchanged, and a stored matrix as a source still loads."""
+    import scipy.sparse
+
+    x = np.arange(9.0).reshape(3, 3)
+    M = bl.from_sparse(scipy.sparse.csr_matrix(x), tmp_path / "s.zarr") if sparse else bl.from_array(x, tmp_path / "m.zarr")
+    with pytest.raises(ParameterError, match=r"^(out|numpy\.[a-z_.]+'s first argument): must not be a stored matrix "
+                                             r".*Fix: load it \(x = np\.asarray\(M\)\)"):
+        _WRITES[call](M, x.copy())
+    assert np.array_equal(M.toarray() if sparse else np.asarray(M), x)
+    y = np.zeros((3, 3))
+    np.copyto(y, M)
+    assert np.array_equal(y, x)
