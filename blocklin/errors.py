@@ -120,6 +120,10 @@ class SingularMatrixError(BlocklinError, np.linalg.LinAlgError):
     """The matrix is singular or numerically singular."""
 
 
+class NotSquareError(ShapeError, np.linalg.LinAlgError):
+    """A square matrix was asked for where NumPy raises ``LinAlgError`` ("must be square"): caught as either."""
+
+
 class NotPositiveDefiniteError(SingularMatrixError):
     """A Cholesky factorization met a pivot <= 0: the matrix is not symmetric positive definite.
 

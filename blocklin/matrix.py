@@ -315,6 +315,15 @@ class Matrix:
 
     __hash__ = object.__hash__  # a handle stays a dictionary key by identity, as before
 
+    def __bool__(self) -> bool:
+        """NumPy's truth value: that of the one entry of a matrix of one entry, refused otherwise (``if M:`` had
+        been ``True`` whatever ``M`` held, ``M`` 1 x 1 of a zero included)."""
+        if self.nbytes > self.dtype.itemsize:  # more than one entry: nothing is read to refuse it
+            raise ParameterError(explain(
+                "M", "must hold one entry to have a truth value (NumPy's rule: more are ambiguous)",
+                f"a {' x '.join(map(str, self.shape))} matrix", "use np.any(M) or np.all(M)"))
+        return bool(self.to_numpy())
+
     def __matmul__(self, other: Any) -> Any:
         return np.matmul(self, other)
 

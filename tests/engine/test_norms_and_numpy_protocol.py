@@ -514,11 +514,12 @@ def test_asarray_without_a_copy_is_refused(tmp_path):
 def test_numpy_solve_of_a_rectangle_is_refused_as_numpys(stored):
     """``np.linalg.solve`` of a non-square ``Matrix`` had returned ``blocklin.solve``'s least-squares solution where
     NumPy raises ``LinAlgError`` (of an inconsistent ``b``, an ``x`` with ``A x != b``, without a word): refused,
-    naming ``lstsq``. ``blocklin.solve`` itself keeps its least squares."""
+    naming ``lstsq``, a ``LinAlgError`` as NumPy's (and a ``ShapeError``). ``blocklin.solve`` itself keeps its least
+    squares."""
     _, b, _, B = stored
     with pytest.raises(np.linalg.LinAlgError):
         np.linalg.solve(b, np.ones(120))
-    with pytest.raises(ShapeError, match=r"^a: must be square for numpy\.linalg\.solve.*got shape 120 x 7\. "
+    with pytest.raises(np.linalg.LinAlgError, match=r"^a: must be square for numpy\.linalg\.solve.*got shape 120 x 7\. "
                                          r"Fix: call numpy\.linalg\.lstsq"):
         np.linalg.solve(B, np.ones(120))
     assert bl.solve(B, np.ones(120)).shape == (7, 1)
@@ -591,3 +592,35 @@ def test_numpy_writes_into_a_stored_matrix_are_refused(tmp_path, call, sparse):
     y = np.zeros((3, 3))
     np.copyto(y, M)
     assert np.array_equal(y, x)
+
+
+def test_truth_value_of_a_matrix_is_numpys(tmp_path):
+    """``bool(M)`` (``if M:``) is NumPy's: the entry of a 1 x 1 matrix, refused for more entries (NumPy's
+    ``ValueError``: ambiguous) and for none (NumPy 2's rule); it had been ``True`` whatever ``M`` held."""
+    for x in (np.zeros((1, 1)), np.ones((1, 1)), np.zeros((2, 3)), np.zeros((0, 3))):
+        M = bl.from_array(x, tmp_path / f"m{x.shape}{x.sum()}.zarr")
+        try:
+            want = bool(x)
+        except ValueError:
+            with pytest.raises(ValueError):
+                bool(M)
+        else:
+            assert bool(M) is want
+
+
+@pytest.mark.parametrize("call", ["svd", "svd_values", "qr", "inv", "slogdet", "norm", "solve", "matmul", "rmatmul"])
+def test_stacked_matrices_are_refused_naming_the_shape(tmp_path, call):
+    """A stored 3-D array (NumPy's stack of matrices, which its ``linalg`` functions and ``@`` batch) is refused by
+    every protocol function naming its shape; ``np.linalg.svd`` had failed on an unpacking ``ValueError``
+    ("too many values to unpack") instead."""
+    import zarr
+
+    z = zarr.create_array(store=str(tmp_path / "c.zarr"), shape=(2, 3, 3), dtype="f8", chunks=(1, 3, 3))
+    z[...] = np.stack([np.eye(3) * 2.0] * 2)
+    C = bl.Matrix(tmp_path / "c.zarr")
+    calls = {"svd": lambda: np.linalg.svd(C), "svd_values": lambda: np.linalg.svd(C, compute_uv=False),
+             "qr": lambda: np.linalg.qr(C), "inv": lambda: np.linalg.inv(C), "slogdet": lambda: np.linalg.slogdet(C),
+             "norm": lambda: np.linalg.norm(C), "solve": lambda: np.linalg.solve(C, np.ones((2, 3))),
+             "matmul": lambda: C @ np.ones((3, 2)), "rmatmul": lambda: np.ones((2, 3)) @ C}
+    with pytest.raises(ShapeError, match=r"must be 2-D \(a matrix\); got shape \(2, 3, 3\)"):
+        calls[call]()

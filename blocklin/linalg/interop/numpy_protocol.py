@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ParameterError, ShapeError, explain
+from blocklin.errors import NotSquareError, ParameterError, explain
 from blocklin.matrix import ARRAY_FUNCTIONS, Matrix
 
 
@@ -90,7 +90,7 @@ def solve(a: Any, b: Any) -> Any:
 
     shape = np.shape(a)
     if len(shape) == 2 and shape[0] != shape[1]:
-        raise ShapeError(explain(
+        raise NotSquareError(explain(
             "a", "must be square for numpy.linalg.solve (as NumPy's: a rectangle has no exact solution in general)",
             f"shape {shape[0]} x {shape[1]}", "call numpy.linalg.lstsq(a, b) or blocklin.solve(a, b) for the "
             "least-squares solution"))
@@ -106,7 +106,8 @@ def inv(a: Any) -> Matrix:
 def svd(a: Any, full_matrices: bool = True, compute_uv: bool = True, hermitian: bool = False) -> Any:
     from blocklin.linalg.lowrank.svd import svd as bl_svd
 
-    m, n = np.shape(a)
+    shape = np.shape(a)  # of 2 dimensions or refused by blocklin.svd naming them
+    m, n = shape if len(shape) == 2 else (0, 0)
     if compute_uv and full_matrices and m != n:
         raise ParameterError(explain(
             "full_matrices", "must be False for a non-square blocklin.Matrix (the square factor of the long side "
