@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import DTypeError, ParameterError, ShapeError, explain
+from blocklin.errors import DTypeError, NotSquareError, ParameterError, ShapeError, explain
 
 #: The floating dtypes the factorizations compute in (float16 has too few digits for them).
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -204,10 +204,11 @@ def finite(name: str, value: Any, *, fix: str) -> float:
 
 
 def square(op: Any, why: str, fix: str) -> int:
-    """The side of an operand that must be square."""
+    """The side of an operand that must be square (a :class:`~blocklin.errors.NotSquareError` otherwise, also
+    NumPy's ``LinAlgError``, as ``numpy.linalg`` refuses a rectangle)."""
     m, n = op.shape
     if m != n:
-        raise ShapeError(explain(op.name, f"must be square {why}", f"{m} x {n}", fix))
+        raise NotSquareError(explain(op.name, f"must be square {why}", f"{m} x {n}", fix))
     return m
 
 

@@ -624,3 +624,17 @@ def test_stacked_matrices_are_refused_naming_the_shape(tmp_path, call):
              "matmul": lambda: C @ np.ones((3, 2)), "rmatmul": lambda: np.ones((2, 3)) @ C}
     with pytest.raises(ShapeError, match=r"must be 2-D \(a matrix\); got shape \(2, 3, 3\)"):
         calls[call]()
+
+
+@pytest.mark.parametrize("call", ["inv", "det", "slogdet", "cholesky", "cond1", "solve"])
+def test_a_rectangle_where_numpy_wants_a_square_is_numpys_linalgerror(stored, call):
+    """``numpy.linalg`` refuses a rectangle with ``LinAlgError``; a ``Matrix``'s refusal had been a ``ShapeError``
+    (a ``ValueError``) only, which NumPy code's ``except np.linalg.LinAlgError`` missed. It is both now."""
+    a, b, A, B = stored
+    calls = {"inv": np.linalg.inv, "det": np.linalg.det, "slogdet": np.linalg.slogdet, "cholesky": np.linalg.cholesky,
+             "cond1": lambda x: np.linalg.cond(x, 1), "solve": lambda x: np.linalg.solve(x, np.ones(120))}
+    with pytest.raises(np.linalg.LinAlgError):
+        calls[call](b)
+    with pytest.raises(np.linalg.LinAlgError, match=r"^a: must be square") as info:
+        calls[call](B)
+    assert isinstance(info.value, ShapeError)

@@ -18,7 +18,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, SingularMatrixError, explain
+from blocklin.errors import BlocklinWarning, NotSquareError, ParameterError, SingularMatrixError, explain
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import row_kernel, run_pass, source
@@ -328,7 +328,7 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
         return float(c if p != -2 else (1.0 / c if c else np.inf))
     shape, _ = _shape_dtype(a, settings)
     if shape[0] != shape[1]:
-        raise ShapeError(explain("a", f"must be square for cond(p={p!r}) (a norm of the inverse)",
+        raise NotSquareError(explain("a", f"must be square for cond(p={p!r}) (a norm of the inverse)",
                                  f"shape {shape}", "pass p=None (the 2-norm condition of any shape)"))
     try:
         x = inv(a, **settings)
