@@ -295,7 +295,10 @@ class Matrix:
         refuse_writes(Matrix, func.__name__, args[0] if args else None, kwargs.get("out"), func in WRITE_FIRST)
         impl = ARRAY_FUNCTIONS.get(func)
         if impl is None:  # not an out-of-core operation: NumPy's own on the loaded arrays
-            return func._implementation(*_loaded(args), **{k: _loaded(v) for k, v in kwargs.items()})
+            # like=M (np.array(x, like=M), np.ones(3, like=M)): creators have no _implementation; NumPy's own
+            # makes the ndarray, as like= an ndarray does (they had raised AttributeError)
+            own = getattr(func, "_implementation", func)
+            return own(*_loaded(args), **{k: _loaded(v) for k, v in kwargs.items()})
         return impl(*args, **kwargs)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:

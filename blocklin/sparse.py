@@ -149,7 +149,8 @@ class SparseMatrix:
             return numpy_protocol.norm(*args, **kwargs)
         if func in _PRODUCTS and not kwargs and len(args) == 2 and min(_ndim(x) for x in args) > 0:
             return numpy_protocol.matmul(*args)
-        return func._implementation(*_dense(args), **{k: _dense(v) for k, v in kwargs.items()})
+        own = getattr(func, "_implementation", func)  # like=S's array creators have none (Matrix.__array_function__)
+        return own(*_dense(args), **{k: _dense(v) for k, v in kwargs.items()})
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """``np.matmul`` (``@``, ``ndarray @ S``) by :func:`blocklin.matmul`; other ufuncs on the dense matrix (never

@@ -638,3 +638,17 @@ def test_a_rectangle_where_numpy_wants_a_square_is_numpys_linalgerror(stored, ca
     with pytest.raises(np.linalg.LinAlgError, match=r"^a: must be square") as info:
         calls[call](B)
     assert isinstance(info.value, ShapeError)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_array_creation_like_a_stored_matrix_is_numpys(tmp_path, sparse):
+    """``like=M`` (NEP 35: ``np.array(x, like=M)``, ``np.ones(3, like=M)``) makes NumPy's ndarray, as ``like=`` an
+    ndarray does; it had raised ``AttributeError`` ('no attribute _implementation')."""
+    import scipy.sparse
+
+    x = np.eye(3)
+    M = bl.from_sparse(scipy.sparse.csr_matrix(x), tmp_path / "s.zarr") if sparse else bl.from_array(x, tmp_path / "m.zarr")
+    for got, want in ((np.array([1, 2], like=M), np.array([1, 2])), (np.ones(3, like=M), np.ones(3)),
+                      (np.asarray([1.0], like=M), np.asarray([1.0])), (np.eye(2, like=M), np.eye(2)),
+                      (np.arange(3, like=M), np.arange(3))):
+        assert type(got) is np.ndarray and got.dtype == want.dtype and np.array_equal(got, want)
