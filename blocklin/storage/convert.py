@@ -820,8 +820,9 @@ def _check_float_range(reader, data: np.ndarray, r0: int, c0: int, out_dt: np.dt
     refused with its position, as an integer that does not fit is: it had been written as Inf."""
     top = float(np.finfo(out_dt).max)
     parts = (data.real, data.imag) if data.dtype.kind == "c" else (data,)
-    if data.dtype.kind in "fc" and np.finfo(data.dtype).max <= top or data.dtype.kind in "iu" and \
-            np.iinfo(data.dtype).max <= top:
+    # as Python floats: a float32 max compared with a float64 one is cast to float32 (NumPy 2), which overflows
+    if data.dtype.kind in "fc" and float(np.finfo(data.dtype).max) <= top or data.dtype.kind in "iu" and \
+            float(np.iinfo(data.dtype).max) <= top:
         return  # every finite value of the input dtype fits
     with np.errstate(invalid="ignore", over="ignore"):
         if all(float(np.nanmax(p)) <= top and float(np.nanmin(p)) >= -top or not np.isfinite(p).any() for p in parts):

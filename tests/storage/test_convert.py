@@ -448,3 +448,18 @@ def test_convert_refuses_a_float_narrowing_that_overflows(tmp_path, src, dtype, 
     np.save(tmp_path / "f.npy", fits)
     blocklin.convert(tmp_path / "f.npy", tmp_path / "f.zarr", dtype=dtype)
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "f.zarr")[:], fits.astype(dtype))
+
+
+@pytest.mark.parametrize("src,dst", [("float32", "float64"), ("complex64", "complex128"), ("float32", "complex128")])
+def test_a_widening_convert_warns_of_nothing(tmp_path, src, dst):
+    """The range check of a float cast compared a float32 maximum with float64's, which NumPy 2 casts to
+    float32: every widening convert warned "overflow encountered in cast" over data that fits."""
+    import warnings
+
+    a = np.arange(12, dtype=src).reshape(3, 4) / 3
+    np.save(tmp_path / "a.npy", a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        blocklin.convert(tmp_path / "a.npy", tmp_path / "w.zarr", dtype=dst)
+    got = blocklin.open(str(tmp_path / "w.zarr")).to_numpy()
+    assert got.dtype == np.dtype(dst) and np.array_equal(got, a.astype(dst))  # a widening is exact
