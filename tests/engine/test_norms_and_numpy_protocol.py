@@ -652,3 +652,56 @@ def test_array_creation_like_a_stored_matrix_is_numpys(tmp_path, sparse):
                       (np.asarray([1.0], like=M), np.asarray([1.0])), (np.eye(2, like=M), np.eye(2)),
                       (np.arange(3, like=M), np.arange(3))):
         assert type(got) is np.ndarray and got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("da,db", [(np.float32, np.float64), (np.float64, np.float32), (np.float32, np.complex128),
+                                   (np.complex64, np.float64)])
+@pytest.mark.parametrize("stored_b", [False, True])
+def test_numpy_solve_of_two_precisions_is_numpys(tmp_path, da, db, stored_b):
+    """``np.linalg.solve(M, b)`` with operands of two precisions had been refused ("operands must share one
+    dtype"), where NumPy casts both up and solves in the promoted dtype (``blocklin.solve`` itself keeps its
+    documented refusal). The result has NumPy's dtype and its values: the forward error bound of a solve in
+    that dtype, ``8 n eps kappa`` (support.tolerances.assert_solve), which a float32 solve would miss."""
+    from support.tolerances import assert_solve
+
+    rng = np.random.default_rng(6)
+    n = 40
+    a = (rng.standard_normal((n, n)) + n * np.eye(n)).astype(da)
+    b = rng.standard_normal((n, 3)).astype(db)
+    A = bl.from_array(a, tmp_path / "a.zarr")
+    B = bl.from_array(b, tmp_path / "b.zarr") if stored_b else b
+    want = np.linalg.solve(a, b)
+    got = np.linalg.solve(A, B)
+    got = got.to_numpy() if isinstance(got, bl.Matrix) else got
+    assert got.dtype == want.dtype
+    assert_solve(got, want, a.astype(want.dtype), dtype=want.dtype)
+    v = np.linalg.solve(A, b[:, 0])
+    assert v.dtype == want.dtype and v.shape == (n,)
+    assert_solve(v, want[:, 0], a.astype(want.dtype), dtype=want.dtype)
+    assert not [p for p in tmp_path.rglob("blocklin-upcast-*")]  # the promoted copies are removed
+    with pytest.raises(bl.errors.DTypeError, match="share one dtype"):  # blocklin's own API: as documented
+        bl.solve(A, B)
+
+
+@pytest.mark.parametrize("da,db", [(np.float32, np.float64), (np.float64, np.float32), (np.float32, np.complex128)])
+def test_numpy_lstsq_of_two_precisions_is_computed_in_numpys_dtype(tmp_path, da, db):
+    """``np.linalg.lstsq(M, b)`` of a float32 ``M`` and a float64 ``b`` returned float64 arrays computed by a
+    float32 SVD (relative error ~1e-7 where NumPy's is ~1e-16). NumPy solves in the promoted dtype; so does
+    the protocol now. Bound: the least-squares forward error of a backward-stable solve in that dtype,
+    ``c n eps (kappa + kappa^2 ||r|| / (||A|| ||x||))`` (Higham, Thm 20.1), with ``c = 8`` as assert_solve."""
+    rng = np.random.default_rng(7)
+    m, n = 60, 8
+    a = rng.standard_normal((m, n)).astype(da)
+    b = rng.standard_normal((m, 2)).astype(db)
+    A = bl.from_array(a, tmp_path / "a.zarr")
+    x, res, rank, s = np.linalg.lstsq(A, b, rcond=None)
+    want = np.linalg.lstsq(a, b, rcond=None)
+    assert (x.dtype, res.dtype, s.dtype, rank) == (want[0].dtype, want[1].dtype, want[3].dtype, want[2])
+    a64 = a.astype(np.complex128)
+    kappa = np.linalg.cond(a64)
+    r = np.linalg.norm(b - a64 @ want[0])
+    e = eps(want[0].dtype)
+    bound = 8 * n * e * (kappa + kappa ** 2 * r / (np.linalg.norm(a64, 2) * np.linalg.norm(want[0])))
+    assert np.linalg.norm(x - want[0]) <= bound * np.linalg.norm(want[0])
+    assert np.abs(s - want[3]).max() <= 4 * m * e * want[3][0]  # singular values: ||E||_2 bound (Weyl)
+    assert not [p for p in tmp_path.rglob("blocklin-upcast-*")]

@@ -14,6 +14,9 @@ The table is filled here and read by :class:`~blocklin.Matrix` (the storage laye
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -83,6 +86,43 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
     return matmul(a, b)
 
 
+def _linalg_promoted(a: Any, b: Any) -> Any:
+    """NumPy's computing dtype of ``numpy.linalg.solve`` or ``lstsq`` on ``a`` and ``b`` where their float or
+    complex dtypes differ in precision (``float32`` with ``float64``: float64; ``float32`` with
+    ``complex128``: complex128), else ``None`` (blocklin's own solve takes one dtype, or a real and a
+    complex one of one precision). NumPy casts both operands up and solves in that dtype; so must a
+    ``Matrix`` met through NumPy's API, whose code has no ``dtype=`` to pass."""
+    da, db = (np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b))
+    if da.kind not in "fc" or db.kind not in "fc":  # integers: blocklin casts them to float64 as NumPy does
+        return None
+    out = np.result_type(da, db)
+    same_precision = np.finfo(da).dtype == np.finfo(db).dtype
+    return None if same_precision else out
+
+
+def _upcast(x: Any, dtype: np.dtype, stack: contextlib.ExitStack) -> Any:
+    """``x`` in ``dtype`` (an exact widening): an in-memory array cast, a stored ``Matrix`` copied to a
+    temporary store under the temp dir, removed when ``stack`` closes (the input is never touched)."""
+    if np.dtype(x.dtype) == dtype:
+        return x
+    if not isinstance(x, Matrix):
+        return np.asarray(x).astype(dtype)
+    from blocklin.config import get_config
+    from blocklin.storage.convert import convert
+
+    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="blocklin-upcast-",
+                                                             dir=_local_temp_dir(get_config())))
+    out = os.path.join(folder, "operand.zarr")
+    convert(x.path, out, dtype=dtype, storage_options=x.location.storage_options or None)
+    return Matrix(out)
+
+
+def _local_temp_dir(cfg: Any) -> Any:
+    """The configured temp dir where it is a local folder (else the system's)."""
+    d = str(cfg.temp_dir) if cfg.temp_dir else None
+    return d if d and "://" not in d and os.path.isdir(d) else None
+
+
 def solve(a: Any, b: Any) -> Any:
     """``numpy.linalg.solve``: a square ``a`` only, as NumPy's (``blocklin.solve`` of a rectangle is a least-squares
     solution, which had come back for NumPy's LinAlgError without a word, ``A x != b`` for an inconsistent ``b``)."""
@@ -94,7 +134,12 @@ def solve(a: Any, b: Any) -> Any:
             "a", "must be square for numpy.linalg.solve (as NumPy's: a rectangle has no exact solution in general)",
             f"shape {shape[0]} x {shape[1]}", "call numpy.linalg.lstsq(a, b) or blocklin.solve(a, b) for the "
             "least-squares solution"))
-    return _vector_result(bl_solve(a, b), b)
+    dtype = _linalg_promoted(a, b)
+    if dtype is None:
+        return _vector_result(bl_solve(a, b), b)
+    with contextlib.ExitStack() as stack:
+        x = bl_solve(_upcast(a, dtype, stack), _upcast(b, dtype, stack))
+        return _vector_result(x, b)
 
 
 def inv(a: Any) -> Matrix:
@@ -136,7 +181,11 @@ def cholesky(a: Any, upper: bool = False) -> Matrix:
 def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
     from blocklin.linalg.solve.lstsq import lstsq as bl_lstsq
 
-    return bl_lstsq(a, b, rcond=rcond)
+    dtype = _linalg_promoted(a, b)
+    if dtype is None:
+        return bl_lstsq(a, b, rcond=rcond)
+    with contextlib.ExitStack() as stack:  # the SVD of float32 A had been float32's, in a float64 result
+        return bl_lstsq(_upcast(a, dtype, stack), _upcast(b, dtype, stack), rcond=rcond)
 
 
 def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A002
