@@ -13,6 +13,9 @@ A live run's data is never touched. Also removes the record .NAME.blocklin of a 
 file NAME is gone (one blocklin wrote; a file of another kind with that name is left alone).
 A PATH that has a leftover's name but that blocklin did not write is refused (exit 1) before
 anything is removed; found in a folder or beside an output, such a look-alike is listed as skipped.
+A PATH that is an ordinary file blocklin did not write (no .NAME.blocklin record of its export) is
+never touched: clean removes the leftovers beside it (.NAME.partial-*, .NAME.old-*) and says the file
+was left alone (exit 0), or, with none to remove there, refuses it (exit 1) before anything is removed.
 
 examples:
   blocklin clean --dry-run
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> dict:
     from blocklin.cli import ui
     from blocklin.config import format_size
     from blocklin.errors import ParameterError, explain
-    from blocklin.storage.cleanup import clean, foreign_named
+    from blocklin.storage.cleanup import clean, find_leftovers, foreign_named, unowned_files
 
     foreign = foreign_named(args.paths)  # before anything is removed: a refusal does nothing
     if foreign:
@@ -49,12 +52,25 @@ def run(args: argparse.Namespace) -> dict:
             "a run that is gone) or a folder or output path to look in: clean removes nothing blocklin did not "
             "write", "; ".join(f"{i.path} ({i.reason})" for i in foreign),
             "leave it out of the command; if it is yours and no longer needed, remove it yourself"))
+    unowned = unowned_files(args.paths)
+    bare = [p for p in unowned if not any(i.action == "remove" for i in find_leftovers([p], sizes=False))]
+    if bare:  # before anything is removed, as above
+        raise ParameterError(explain(
+            "path", "must be a folder to look in, an output blocklin wrote or one of its leftovers: beside a file "
+            "clean looks for the partial outputs and old versions of an output of that name (.NAME.partial-*, "
+            ".NAME.old-*, their work folders) and removes nothing blocklin did not write",
+            "; ".join(f"{p} (a file blocklin did not write, with nothing to clean beside it; left alone)"
+                      for p in bare),
+            "name the folder to look in (or nothing: the temp dir and the current folder); a file of your own "
+            "is yours to remove"))
     items = clean(args.paths, dry_run=args.dry_run)
     gone = [i for i in items if i.action in ("removed", "would remove")]
     freed = sum(i.bytes for i in gone)
     summary = {"dry_run": bool(args.dry_run), "items": [i.to_dict() for i in items],
                "removed": len(gone) if not args.dry_run else 0, "bytes": freed}
     lines = [f"{i.action} {i.kind} {i.path} ({format_size(i.bytes)}): {i.reason}" for i in items]
+    lines += [f"{p}: not a file blocklin wrote, left alone (clean looked beside it for an output's partials and "
+              "work folders)" for p in unowned]
     verb = "would free" if args.dry_run else "freed"
     lines.append(f"{len(gone)} of {len(items)} leftover(s) {'to remove' if args.dry_run else 'removed'}, "
                  f"{verb} {format_size(freed)}" if items else "nothing to clean")

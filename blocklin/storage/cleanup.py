@@ -354,6 +354,28 @@ def foreign_named(paths: Iterable[Any]) -> list[Leftover]:
     return out
 
 
+def unowned_files(paths: Iterable[Any]) -> list[str]:
+    """The local paths named that are ordinary files blocklin did not write: not a leftover itself (a file
+    export's partial or orphan record, a record's temp), not a file export whose record ``.NAME.blocklin``
+    describes it as it is now, and not such a record. ``clean`` looks beside such a file for the leftovers
+    of an output of that name and never touches the file itself; it had said "nothing to clean" and exited 0,
+    as though the file had been looked at and found clean."""
+    out = []
+    for p in paths:
+        loc = as_location(p, name="path")
+        if not loc.is_local:
+            continue
+        path = os.path.abspath(os.path.expanduser(loc.url))
+        if not os.path.isfile(path) or _partial_file(path) or _orphan_record(path) or _record_temp(path):
+            continue
+        if file_records.read_own(path) is not None:  # a live export's own record
+            continue
+        if file_records.matches(path, file_records.read_own(file_records.record_path(path))):
+            continue  # a file export blocklin wrote: an output path, looked beside as before
+        out.append(path)
+    return out
+
+
 def _work_named_by(cand: Location, kind: str) -> list[tuple[Location, str]]:
     """The work folder a partial output's markers name (its run's steps, under whatever temp dir that run
     had: :data:`~blocklin.storage.records.WORK_FOLDER_RECORD`), so that ``blocklin clean PARTIAL``, what

@@ -872,3 +872,36 @@ def test_clean_removes_the_partial_of_a_killed_file_export(tmp_path, capsys):
                                                    f"{live.partial.name}.owner"])
     live.abort()
     assert os.listdir(tmp_path) == [".notes.txt.partial-draft"]
+
+
+def test_clean_of_an_ordinary_file_blocklin_did_not_write_says_so(tmp_path, capsys):
+    """``blocklin clean notes.txt``, an ordinary file blocklin did not write, said "nothing to clean" and exited
+    0, as though the file had been looked at and found clean. It is refused now (exit 1, one line naming the
+    file, that blocklin did not write it and what clean looks for beside it), the file untouched; with a gone
+    run's partial beside it that partial is removed, a line says the file was left alone, and the exit is 0.
+    An output blocklin wrote (a ``.npy`` export with its record, a zarr store) is looked beside as before."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    notes = folder / "notes.txt"
+    notes.write_text("the user's notes")
+    for argv in (["clean", str(notes)], ["clean", str(notes), "--dry-run"], ["clean", str(notes), str(folder)]):
+        refused_cli(capsys, tmp_path, [*argv, "--no-progress"], f"{notes} (a file blocklin did not write",
+                    "left alone", ".NAME.partial-*", "Fix:")
+    _killed_export_partial(folder)  # a gone run's partial of folder/out.npy
+    mine = folder / "out.npy"
+    np.save(mine, np.arange(3.0))  # the user's own file of that name, no record
+    body = mine.read_bytes()
+    capsys.readouterr()
+    assert main(["clean", str(mine), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "removed partial file" in out and f"{mine}: not a file blocklin wrote, left alone" in out
+    assert sorted(os.listdir(folder)) == ["notes.txt", "out.npy"] and mine.read_bytes() == body
+    assert notes.read_text() == "the user's notes"
+    ours = bl.from_array(np.arange(6.0).reshape(2, 3), str(folder / "m.zarr"))
+    bl.convert(ours.path, str(folder / "m.npy"))
+    assert os.path.exists(folder / ".m.npy.blocklin")  # blocklin's record of its export
+    for path in (folder / "m.npy", folder / "m.zarr"):
+        assert main(["clean", str(path), "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        assert "nothing to clean" in out and "not a file blocklin wrote" not in out
+    assert np.load(folder / "m.npy").shape == (2, 3)
