@@ -678,6 +678,14 @@ def test_numpy_solve_of_two_precisions_is_numpys(tmp_path, da, db, stored_b):
     v = np.linalg.solve(A, b[:, 0])
     assert v.dtype == want.dtype and v.shape == (n,)
     assert_solve(v, want[:, 0], a.astype(want.dtype), dtype=want.dtype)
+    if np.dtype(db) == np.float64 and not stored_b:  # a list (float64 to NumPy) and a Dask array, cast as read
+        import dask.array as dsk
+
+        for bb in (b.tolist(), dsk.from_array(b, chunks=(20, 3))):
+            got = np.linalg.solve(A, bb)
+            got = got.to_numpy() if isinstance(got, bl.Matrix) else np.asarray(got)
+            assert got.dtype == want.dtype
+            assert_solve(got, want, a.astype(want.dtype), dtype=want.dtype)
     assert not [p for p in tmp_path.rglob("blocklin-upcast-*")]  # the promoted copies are removed
     with pytest.raises(bl.errors.DTypeError, match="share one dtype"):  # blocklin's own API: as documented
         bl.solve(A, B)

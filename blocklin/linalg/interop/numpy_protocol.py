@@ -92,7 +92,7 @@ def _linalg_promoted(a: Any, b: Any) -> Any:
     ``complex128``: complex128), else ``None`` (blocklin's own solve takes one dtype, or a real and a
     complex one of one precision). NumPy casts both operands up and solves in that dtype; so must a
     ``Matrix`` met through NumPy's API, whose code has no ``dtype=`` to pass."""
-    da, db = (np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b))
+    da, db = _dtype_of(a), _dtype_of(b)
     if da.kind not in "fc" or db.kind not in "fc":  # integers: blocklin casts them to float64 as NumPy does
         return None
     out = np.result_type(da, db)
@@ -100,13 +100,18 @@ def _linalg_promoted(a: Any, b: Any) -> Any:
     return None if same_precision else out
 
 
+def _dtype_of(x: Any) -> np.dtype:
+    """``x``'s dtype, or NumPy's for a list or scalar."""
+    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
 def _upcast(x: Any, dtype: np.dtype, stack: contextlib.ExitStack) -> Any:
-    """``x`` in ``dtype`` (an exact widening): an in-memory array cast, a stored ``Matrix`` copied to a
+    """``x`` in ``dtype`` (an exact widening): an array cast, a stored ``Matrix`` copied to a
     temporary store under the temp dir, removed when ``stack`` closes (the input is never touched)."""
-    if np.dtype(x.dtype) == dtype:
+    if _dtype_of(x) == dtype:
         return x
-    if not isinstance(x, Matrix):
-        return np.asarray(x).astype(dtype)
+    if not isinstance(x, Matrix):  # a Dask or xarray operand casts lazily, as it is read; a list is loaded
+        return x.astype(dtype) if hasattr(x, "astype") else np.asarray(x).astype(dtype)
     from blocklin.config import get_config
     from blocklin.storage.convert import convert
 
