@@ -338,6 +338,7 @@ def test_region_tiles_with_offsets_identity_and_statistics(tmp_path, rng):
     assert sum(r["sumsq"] for r in results) == pytest.approx(float((expected**2).sum()), rel=1e-12)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # an overflowing bound (Inf) would pass any error
 @pytest.mark.parametrize("dtype,big", [(np.float64, 1e200), (np.float32, 1e30)])
 @pytest.mark.parametrize("n,memory", [(2, None), (40, "64KiB")])  # the thin (rows) route and GEMM tiles
 def test_a_product_beyond_the_range_is_refused_with_the_scaling_that_fits(tmp_path, rng, dtype, big, n, memory):
