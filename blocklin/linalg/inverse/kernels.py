@@ -400,9 +400,11 @@ def _leaf_strip(size: int) -> int:
 
 
 def _inf_norm(a: np.ndarray) -> float:
-    # NumPy's max: a NaN of the data (check_finite=False) is kept, which Python's max drops
-    return float(np.max([np.abs(a[r0:r1]).sum(axis=1).max() for r0, r1 in split(a.shape[0], _leaf_strip(a.shape[0]))],
-                        initial=0.0))
+    # NumPy's max: a NaN of the data (check_finite=False) is kept, which Python's max drops. Row sums in
+    # float64: a float32 block near 2^126 has row sums beyond float32's range, and an Inf norm had made
+    # gecon's rcond 0 for a block that inverts.
+    return float(np.max([np.abs(a[r0:r1]).sum(axis=1, dtype=np.float64).max()
+                         for r0, r1 in split(a.shape[0], _leaf_strip(a.shape[0]))], initial=0.0))
 
 
 def _max_abs(a: np.ndarray) -> float:
