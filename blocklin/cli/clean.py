@@ -13,6 +13,7 @@ A live run's data is never touched. Also removes the record .NAME.blocklin of a 
 file NAME is gone (one blocklin wrote; a file of another kind with that name is left alone).
 A PATH that has a leftover's name but that blocklin did not write is refused (exit 1) before
 anything is removed; found in a folder or beside an output, such a look-alike is listed as skipped.
+A PATH that does not exist, with no leftovers of an output of that name beside it, is refused (exit 1).
 A PATH that is an ordinary file blocklin did not write (no .NAME.blocklin record of its export) is
 never touched: clean removes the leftovers beside it (.NAME.partial-*, .NAME.old-*) and says the file
 was left alone (exit 0), or, with none to remove there, refuses it (exit 1) before anything is removed.
@@ -39,6 +40,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _missing(paths: list) -> list[str]:
+    """The local paths named that do not exist."""
+    import os
+
+    from blocklin.storage.location import as_location
+
+    out = []
+    for p in paths:
+        loc = as_location(p, name="path")
+        if loc.is_local and not os.path.lexists(os.path.abspath(os.path.expanduser(loc.url))):
+            out.append(str(p))
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     from blocklin.cli import ui
     from blocklin.config import format_size
@@ -63,6 +78,13 @@ def run(args: argparse.Namespace) -> dict:
                       for p in bare),
             "name the folder to look in (or nothing: the temp dir and the current folder); a file of your own "
             "is yours to remove"))
+    missing = [p for p in _missing(args.paths) if not any(i.action == "remove" for i in find_leftovers([p], sizes=False))]
+    if missing:  # a mistyped path had said "nothing to clean", exit 0, as though it had been looked at
+        raise ParameterError(explain(
+            "path", "must exist, or be an output path with leftovers of a run beside it (.NAME.partial-*, "
+            ".NAME.old-*, their work folders)", "; ".join(f"{p} (no such file or folder, nothing to clean beside it)"
+                                                         for p in missing),
+            "check the path; blocklin clean with no path looks in the temp dir and the current folder"))
     items = clean(args.paths, dry_run=args.dry_run)
     gone = [i for i in items if i.action in ("removed", "would remove")]
     freed = sum(i.bytes for i in gone)

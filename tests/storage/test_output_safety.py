@@ -874,6 +874,22 @@ def test_clean_removes_the_partial_of_a_killed_file_export(tmp_path, capsys):
     assert os.listdir(tmp_path) == [".notes.txt.partial-draft"]
 
 
+def test_clean_of_a_path_that_does_not_exist_says_so(tmp_path, capsys):
+    """``blocklin clean typo.zarr`` (no such path, nothing beside it) said "nothing to clean" and exited 0, as
+    though the path had been looked at; it is refused (exit 1, one line naming it). A gone run's partial of an
+    output that never appeared is still cleaned by naming that output."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    typo = folder / "typo.zarr"
+    refused_cli(capsys, tmp_path, ["clean", str(typo), "--no-progress"], f"{typo} (no such file or folder",
+                "Fix: check the path")
+    _killed_export_partial(folder)  # a gone run's partial of folder/out.npy, which never appeared
+    assert not (folder / "out.npy").exists()
+    capsys.readouterr()
+    assert main(["clean", str(folder / "out.npy"), "--no-progress"]) == 0
+    assert "removed partial file" in capsys.readouterr().out and os.listdir(folder) == []
+
+
 def test_clean_of_an_ordinary_file_blocklin_did_not_write_says_so(tmp_path, capsys):
     """``blocklin clean notes.txt``, an ordinary file blocklin did not write, said "nothing to clean" and exited
     0, as though the file had been looked at and found clean. It is refused now (exit 1, one line naming the
