@@ -241,6 +241,7 @@ def test_co_moments_beyond_range_are_named(tmp_path, dtype):
         bl.svd(tmp_path / "A.zarr", 1, out=tmp_path / "S.zarr", updatable=True)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the overflowing merge is blocklin's to name, not NumPy's
 def test_a_refused_recompute_says_it_came_from_the_update(tmp_path):
     """Rows of 1e200 appended (their own co-moments 0, merged with the old ones inf): the update had
     raised ValueError ("array must not contain infs or NaNs") from the eigensolver; it recomputes, the

@@ -310,7 +310,10 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
                 syrk_acc(state[3], d)
             else:
                 syrk_acc(state[3], d)  # the block's co-moments, added in place
-                state = (*_merge_comoments(*state[:4], k, shift, offset, None), state[4] | nonzero)
+                # rows far from the running means overflow the rank-one term to Inf: each caller reads
+                # non-finite co-moments (a refusal, or a scaled repeat of the pass), NumPy's warning would only alarm
+                with np.errstate(over="ignore", invalid="ignore"):
+                    state = (*_merge_comoments(*state[:4], k, shift, offset, None), state[4] | nonzero)
     return state, None
 
 

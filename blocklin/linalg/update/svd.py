@@ -145,8 +145,9 @@ def _factors(old: _Stored, m0: int, m1: int, mean: np.ndarray, c: np.ndarray) ->
     and what rotating the stored scores would cost in accuracy; None where the Gram leaves float64's range."""
     upd = old.params
     k, center, scale = int(upd["k"]), bool(upd["center"]), bool(upd["scale"])
-    gb, shift, d = _factored_gram(c, m1, mean, center, scale)
-    gb0, shift0, d0 = _factored_gram(old.C, m0, old.mean, center, scale)
+    with np.errstate(over="ignore", invalid="ignore"):  # a Gram beyond the range: None, just below
+        gb, shift, d = _factored_gram(c, m1, mean, center, scale)
+        gb0, shift0, d0 = _factored_gram(old.C, m0, old.mean, center, scale)
     if not (np.isfinite(gb).all() and np.isfinite(gb0).all()):
         return None
     n = gb.shape[0]
@@ -182,7 +183,9 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
     mom, cp = moments_and_gram(job, row_range(A, g.old_rows, g.rows), memory=job.cfg.memory)
     if not np.isfinite(cp).all():
         return Recompute("the new rows' squares leave float64's range")
-    m1, mean, c = merge_comoments(m0, old.mean, old.C.copy(), p, mom.mean, cp)
+    # rows far from the old means overflow the rank-one term to Inf: used, and read below as a recompute
+    with np.errstate(over="ignore", invalid="ignore"):
+        m1, mean, c = merge_comoments(m0, old.mean, old.C.copy(), p, mom.mean, cp)
     if upd["scale"]:  # as the svd refuses it: a column whose variance left the range is no constant column
         kept = (old.mean != 0) | (np.diag(old.C).real != 0)
         nonzero = kept | mom.nonzero if mom.nonzero is not None else kept
