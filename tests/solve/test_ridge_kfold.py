@@ -364,3 +364,53 @@ def test_kfold_keeps_directions_that_columns_far_apart_determine(fit_intercept):
     ref = RidgeCV(alphas=[lam2], cv=5, fit_intercept=fit_intercept).fit(a, b)
     assert abs(ref.best_score_ - np.mean(scores)) <= tol
     assert abs(got - np.mean(scores)) <= tol, (got, np.mean(scores), tol)
+
+
+def test_wide_kfold_keeps_directions_that_rows_far_apart_determine():
+    """A wide ``a`` whose rows' norms are ``1e5`` and ``5e-4`` apart: each fold's kernel ``A_t A_t^T`` rounds
+    relative to its rows (``|dK_ij| <= n eps ||a_i|| ||a_j||``), as the tall Gram to its columns, and its
+    eigen-decomposition norm-wise (``m eps e_max``, ``e_max`` near ``1e10``). At ``lam^2 = 1e-8`` the smallest
+    eigenvalue (``1e-7``) fell under the cut and a fold scored ``0.393`` for ``0.433``; at ``lam^2 = 1e-2`` none was
+    cut but the fit from the eigenvalues was ``6e-6`` off where the scaled kernel's condition is 600, the mean
+    score ``1.6e-6`` off, no warning (kfold._scaled_fits now refits them; scikit-learn's ``RidgeCV`` 1e-14 off).
+
+    Reference: each fold's dual fit and held-out errors in mpmath (60 digits, the data exact). Bound per fold: the
+    fit's ``||dz|| <= (m + n) eps cond(H) ||z||`` of ``z = D y``, ``H = D^-1 (K_t + lam^2 I) D^-1``,
+    ``D = diag(sqrt(K_ii + lam^2))`` (the kernel's rounding relative to its rows, then Cholesky), reaching the
+    predictions through ``||K_ht D^-1||``, and the cross kernel's own rounding ``n eps |A_h| |A_t|^T |y|``; the
+    sum of squares by ``2 ||r|| ||dp|| + ||dp||^2`` plus its own rounding ``m eps sse``, over ``sst``."""
+    import mpmath as mp
+
+    rng = np.random.default_rng(0)
+    m, n = 20, 40
+    sc = np.ones(m)
+    sc[3], sc[-1] = 1e5, 5e-4
+    a = rng.standard_normal((m, n))
+    a = a / np.linalg.norm(a, axis=1)[:, None] * sc[:, None] + rng.random(m)[:, None] * sc[:, None]
+    b = a @ rng.standard_normal(n) + 1e-4 * rng.standard_normal(m)
+    alphas = [1e-8, 1e-2]
+    x = bl.solve(a, b, lam=_grid(alphas), cv=5, fit_intercept=False)
+    got = np.asarray(x.report["curve"]["fold_scores"])  # L x folds
+    for l, lam2 in enumerate(alphas):
+        ref = RidgeCV(alphas=[lam2], cv=5, fit_intercept=False).fit(a, b).best_score_
+        scores, tols = [], []
+        for train, test in KFold(5).split(a):
+            with mp.workdps(60):
+                at, ah = mp.matrix(a[train].tolist()), mp.matrix(a[test].tolist())
+                ym = mp.lu_solve(at * at.T + lam2 * mp.eye(len(train)), mp.matrix(b[train].tolist()))
+                r = [mp.mpf(float(b[i])) - p for i, p in zip(test, ah * (at.T * ym))]
+                yh = [mp.mpf(float(b[i])) for i in test]
+                sse = float(mp.fsum(v**2 for v in r))
+                sst = float(mp.fsum((v - mp.fsum(yh) / len(yh)) ** 2 for v in yh))
+            scores.append(1 - sse / sst)
+            y = np.array([float(v) for v in ym])
+            kt = a[train] @ a[train].T
+            d = np.sqrt(np.diag(kt) + lam2)
+            h = kt / np.outer(d, d) + np.diag(lam2 / d**2)
+            dz = (m + n) * EPS64 * np.linalg.cond(h) * np.linalg.norm(d * y)
+            dp = np.linalg.norm(a[test] @ a[train].T / d, 2) * dz
+            dp += n * EPS64 * np.linalg.norm(np.abs(a[test]) @ np.abs(a[train]).T @ np.abs(y))
+            tols.append((2 * np.sqrt(sse) * dp + dp**2 + m * EPS64 * sse) / sst)
+        assert abs(ref - np.mean(scores)) <= np.mean(tols), (lam2, ref, np.mean(scores))
+        for f in range(5):
+            assert abs(got[l][f] - scores[f]) <= tols[f], (lam2, f, got[l][f], scores[f], tols[f])

@@ -221,31 +221,48 @@ def _filters(ev: np.ndarray, grid: np.ndarray, m: int) -> np.ndarray:
         return np.where(den > tol, 1.0 / np.where(den > tol, den, 1.0), 0.0)
 
 
-def _scaled_fits(xs: np.ndarray, g: np.ndarray, c: np.ndarray, grid: np.ndarray, filt: np.ndarray) -> None:
-    """Refit, in place in ``xs`` (``L x n x k``), the grid values ``lam > 0`` whose filters left a direction out:
-    ``x = D^-1 H^-1 D^-1 c`` with ``H = D^-1 (G + lam^2 I) D^-1``, ``D = diag(sqrt(G_ii + lam^2))``, by Cholesky.
+def _scaled_fits(xs: np.ndarray, g: np.ndarray, c: np.ndarray, grid: np.ndarray, filt: np.ndarray,
+                 ev: np.ndarray) -> None:
+    """Refit, in place in ``xs`` (``L x n x k``), the grid values ``lam > 0`` whose eigen-decomposition fit is
+    norm-wise where the problem is not: ``x = D^-1 H^-1 D^-1 c`` with ``H = D^-1 (G + lam^2 I) D^-1``,
+    ``D = diag(sqrt(G_ii + lam^2))``, by Cholesky. ``G`` is a tall fold's Gram ``A_t^T A_t`` or a wide fold's
+    kernel ``A_t A_t^T`` (the dual form: ``c`` its right-hand side, ``xs`` its ``y``).
 
-    The cut of :func:`_filters` is norm-wise (``n eps e_max``, Weyl), but the Gram's own rounding is relative to
-    its columns (``|dG_ij| <= m eps sqrt(G_ii G_jj)``), so columns far apart in scale give eigenvalues far below
-    the cut that the problem determines: with column norms ``1e5`` and ``5e-4`` the smallest (``2e-7``, under a
-    cut of ``1e-5``) was dropped at ``lam^2 = 1.9e-6`` and the fold score came out ``0.0709`` for ``0.0641``
-    (the fit without that direction; scikit-learn's ``RidgeCV`` 1e-13 off). The scaled ``H`` has the
-    condition of the problem after column scaling, and its Cholesky solve a forward error of about
-    ``n eps cond(H)`` in ``D x`` (Higham 2002, 10.1); kept as the eigen-decomposition's cut gave it where
-    ``H`` is not numerically positive definite (``cond(H) eps`` near 1: a direction the data do not determine)."""
+    The fit from ``G = V diag(e) V^T`` has a relative error about ``n eps e_max / (e_min + lam^2)`` (the
+    eigensolver's backward error ``n eps e_max``, Weyl) and leaves out the directions whose ``e + lam^2`` is under
+    ``n eps e_max`` (:func:`_filters`), but ``G``'s own rounding is relative to its lines
+    (``|dG_ij| <= m eps sqrt(G_ii G_jj)``): lines far apart in scale give eigenvalues far below ``n eps e_max``
+    that the data determine. The scaled ``H`` has the condition of the problem after that scaling, and its
+    Cholesky solve a forward error of about ``n eps cond(H)`` in ``D x`` (Higham 2002, 10.1), where
+    ``cond(H) >= cond(G + lam^2 I) / cond(D)^2``: it can do better than the eigen-decomposition by at most
+    ``cond(D)^2``. So a grid value is refitted where a direction was left out, or where both
+    ``e_max / (e_min + lam^2)`` and ``cond(D)^2`` exceed ``n`` (the eigen-decomposition's fit could be off by
+    more than ``n^2 eps`` and the scaling may gain more than a factor ``n``); kept as the eigen-decomposition
+    gave it where ``H`` is not numerically positive definite (``cond(H) eps`` near 1: a direction the data do
+    not determine). Tall, columns ``1e5`` and ``5e-4`` apart: the smallest eigenvalue (``2e-7``, under a cut
+    of ``1e-5``) was dropped at ``lam^2 = 1.9e-6`` and the fold score came out ``0.0709`` for ``0.0641``; wide,
+    rows ``1e5`` and ``5e-4`` apart: held-out predictions 7% off at ``lam^2 = 1e-8`` (a direction cut) and
+    ``6e-6`` off at ``lam^2 = 1e-2`` (none cut; ``cond(H) = 600``), scikit-learn's ``RidgeCV`` 1e-14 off."""
     eps = np.finfo(np.float64).eps
     n = g.shape[0]
-    for l in np.flatnonzero((grid > 0) & np.any(filt == 0, axis=0)):
-        d = np.sqrt(np.maximum(np.diag(g).real, 0.0) + grid[l] ** 2)
-        h = g / np.outer(d, d) + np.diag(grid[l] ** 2 / d**2)
+    diag = np.maximum(np.diag(g).real, 0.0)
+    lam2 = grid**2
+    top, low = (float(ev.max()), float(ev.min())) if ev.size else (0.0, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread = np.where(low + lam2 > 0, top / (low + lam2), np.inf)
+        scale = (diag.max(initial=0.0) + lam2) / (diag.min(initial=0.0) + lam2)
+    redo = (grid > 0) & (np.any(filt == 0, axis=0) | ((spread > n) & (scale > n)))
+    for l in np.flatnonzero(redo):
+        d = np.sqrt(diag + lam2[l])
+        h = g / np.outer(d, d) + np.diag(lam2[l] / d**2)
         h = (h + h.conj().T) / 2
         try:
-            low = np.linalg.cholesky(h)
+            low_f = np.linalg.cholesky(h)
         except np.linalg.LinAlgError:
             continue
-        if n * eps * np.linalg.cond(low) ** 2 >= 0.5:
+        if n * eps * np.linalg.cond(low_f) ** 2 >= 0.5:
             continue
-        y = np.linalg.solve(low.conj().T, np.linalg.solve(low, c / d[:, None]))
+        y = np.linalg.solve(low_f.conj().T, np.linalg.solve(low_f, c / d[:, None]))
         xs[l] = y / d[:, None]
 
 
@@ -271,7 +288,7 @@ def tall_stats(ctx: Any, sums: dict, grid: np.ndarray) -> list[scorers.Stats]:
         sac, sbc = sa - nf * mu, sb - nf * bbar
         xs = np.einsum("nl,nk->lnk", filt, beta)  # per lambda V^H x
         xs = np.einsum("mn,lnk->lmk", v, xs)  # L x n x k
-        _scaled_fits(xs, g, c, grid, filt)
+        _scaled_fits(xs, g, c, grid, filt, ev)
         xc = xs.conj() if cplx else xs
         sse = bbc[None, :] - 2 * np.einsum("lnk,nk->lk", xc, cc).real + np.einsum("lnk,nm,lmk->lk", xc, gc, xs).real
         se = sbc[None, :] - np.einsum("n,lnk->lk", sac, xs)  # sum r_i, complex of complex data
@@ -462,10 +479,13 @@ def _wide_predictions(gm: np.ndarray, bm: np.ndarray, w: np.ndarray, train: np.n
     kt = sw[:, None] * kt * sw[None, :]
     ev, u = np.linalg.eigh((kt + kt.conj().T) / 2)  # A A^H of complex data: K_t = U diag(e) U^H
     ev = np.clip(ev, 0.0, None)
-    beta = u.conj().T @ (sw[:, None] * rhs)
+    wrhs = sw[:, None] * rhs
+    beta = u.conj().T @ wrhs
     filt = _filters(ev, grid, gm.shape[0])
     ys = np.einsum("tl,tk->ltk", filt, beta)
     ys = np.einsum("st,ltk->lsk", u, ys)  # L x train x k
+    # rows far apart in scale: K_t rounds relative to its rows, as the tall Gram to its columns (_scaled_fits)
+    _scaled_fits(ys, (kt + kt.conj().T) / 2, wrhs, grid, filt, ev)
     pred = np.einsum("hs,lsk->hlk", cross * sw[None, :], ys)
     return pred + bbar[None, None, :]
 
