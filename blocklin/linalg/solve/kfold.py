@@ -43,6 +43,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as _msg
+from blocklin.linalg.solve import scaled_kernel
 from blocklin.linalg.solve import scoring as scorers
 from blocklin.runtime.powers import ldexp
 
@@ -223,47 +224,19 @@ def _filters(ev: np.ndarray, grid: np.ndarray, m: int) -> np.ndarray:
 
 def _scaled_fits(xs: np.ndarray, g: np.ndarray, c: np.ndarray, grid: np.ndarray, filt: np.ndarray,
                  ev: np.ndarray) -> None:
-    """Refit, in place in ``xs`` (``L x n x k``), the grid values ``lam > 0`` whose eigen-decomposition fit is
-    norm-wise where the problem is not: ``x = D^-1 H^-1 D^-1 c`` with ``H = D^-1 (G + lam^2 I) D^-1``,
-    ``D = diag(sqrt(G_ii + lam^2))``, by Cholesky. ``G`` is a tall fold's Gram ``A_t^T A_t`` or a wide fold's
-    kernel ``A_t A_t^T`` (the dual form: ``c`` its right-hand side, ``xs`` its ``y``).
-
-    The fit from ``G = V diag(e) V^T`` has a relative error about ``n eps e_max / (e_min + lam^2)`` (the
-    eigensolver's backward error ``n eps e_max``, Weyl) and leaves out the directions whose ``e + lam^2`` is under
-    ``n eps e_max`` (:func:`_filters`), but ``G``'s own rounding is relative to its lines
-    (``|dG_ij| <= m eps sqrt(G_ii G_jj)``): lines far apart in scale give eigenvalues far below ``n eps e_max``
-    that the data determine. The scaled ``H`` has the condition of the problem after that scaling, and its
-    Cholesky solve a forward error of about ``n eps cond(H)`` in ``D x`` (Higham 2002, 10.1), where
-    ``cond(H) >= cond(G + lam^2 I) / cond(D)^2``: it can do better than the eigen-decomposition by at most
-    ``cond(D)^2``. So a grid value is refitted where a direction was left out, or where both
-    ``e_max / (e_min + lam^2)`` and ``cond(D)^2`` exceed ``n`` (the eigen-decomposition's fit could be off by
-    more than ``n^2 eps`` and the scaling may gain more than a factor ``n``); kept as the eigen-decomposition
-    gave it where ``H`` is not numerically positive definite (``cond(H) eps`` near 1: a direction the data do
-    not determine). Tall, columns ``1e5`` and ``5e-4`` apart: the smallest eigenvalue (``2e-7``, under a cut
-    of ``1e-5``) was dropped at ``lam^2 = 1.9e-6`` and the fold score came out ``0.0709`` for ``0.0641``; wide,
-    rows ``1e5`` and ``5e-4`` apart: held-out predictions 7% off at ``lam^2 = 1e-8`` (a direction cut) and
-    ``6e-6`` off at ``lam^2 = 1e-2`` (none cut; ``cond(H) = 600``), scikit-learn's ``RidgeCV`` 1e-14 off."""
-    eps = np.finfo(np.float64).eps
-    n = g.shape[0]
-    diag = np.maximum(np.diag(g).real, 0.0)
-    lam2 = grid**2
-    top, low = (float(ev.max()), float(ev.min())) if ev.size else (0.0, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        spread = np.where(low + lam2 > 0, top / (low + lam2), np.inf)
-        scale = (diag.max(initial=0.0) + lam2) / (diag.min(initial=0.0) + lam2)
-    redo = (grid > 0) & (np.any(filt == 0, axis=0) | ((spread > n) & (scale > n)))
-    for l in np.flatnonzero(redo):
-        d = np.sqrt(diag + lam2[l])
-        h = g / np.outer(d, d) + np.diag(lam2[l] / d**2)
-        h = (h + h.conj().T) / 2
-        try:
-            low_f = np.linalg.cholesky(h)
-        except np.linalg.LinAlgError:
-            continue
-        if n * eps * np.linalg.cond(low_f) ** 2 >= 0.5:
-            continue
-        y = np.linalg.solve(low_f.conj().T, np.linalg.solve(low_f, c / d[:, None]))
-        xs[l] = y / d[:, None]
+    """Refit, in place in ``xs`` (``L x n x k``), the grid values ``lam > 0`` whose fit from the eigen-decomposition
+    is norm-wise where the problem is not (:mod:`~blocklin.linalg.solve.scaled_kernel`: a direction cut, or lines
+    far apart), from the scaled ``D^-1 (G + lam^2 I) D^-1`` by Cholesky. ``G`` is a tall fold's Gram
+    ``A_t^T A_t`` or a wide fold's kernel ``A_t A_t^T`` (the dual form: ``c`` its right-hand side, ``xs`` its
+    ``y``). Tall, columns ``1e5`` and ``5e-4`` apart: the smallest eigenvalue (``2e-7``, under a cut of
+    ``1e-5``) was dropped at ``lam^2 = 1.9e-6`` and the fold score came out ``0.0709`` for ``0.0641``; wide, rows
+    ``1e5`` and ``5e-4`` apart: held-out predictions 7% off at ``lam^2 = 1e-8`` (a direction cut) and ``6e-6``
+    off at ``lam^2 = 1e-2`` (none cut; ``cond(H) = 600``), scikit-learn's ``RidgeCV`` 1e-14 off. Kept as the
+    eigen-decomposition gave it where the scaled matrix is not numerically positive definite."""
+    for l in np.flatnonzero(scaled_kernel.refit(g, ev, grid, np.any(filt == 0, axis=0))):
+        factor = scaled_kernel.scaled_factor(g, float(grid[l]) ** 2)
+        if factor is not None:
+            xs[l] = scaled_kernel.scaled_solve(factor, c)
 
 
 def tall_stats(ctx: Any, sums: dict, grid: np.ndarray) -> list[scorers.Stats]:
