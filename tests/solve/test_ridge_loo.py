@@ -404,3 +404,56 @@ def test_loo_keeps_a_direction_whose_squares_underflow_in_the_scaled_problem():
     assert np.allclose(x.report["curve"]["loo"], ref, rtol=1e-6, atol=0), (x.report["curve"]["loo"], ref)
     assert x.report["alpha_"] == grid[int(np.argmin(ref))] ** 2
     assert np.isclose(x.report["best_score_"], -ref.min(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_wide_loo_from_the_row_scaled_kernel_where_rows_are_far_apart(weighted):
+    """A wide ``a`` whose rows' norms are ``1e5`` and ``5e-4`` apart (no intercept): ``K = A A^T`` rounds relative
+    to its rows (``|dK_ij| <= n eps ||a_i|| ||a_j||``), its eigen-decomposition norm-wise (``m eps e_max``,
+    ``e_max`` near ``1e11``). The leave-one-out errors from the eigenvalues had been ``8.7e-5`` off at
+    ``lam^2 = 1e-8`` and ``4.4e-6`` at ``1e-2`` where the row-scaled kernel's condition is about 1e3 (scikit-learn's
+    ``RidgeCV`` as far off); ``c`` and ``diag((K + lam^2 I)^-1)`` now come from its Cholesky (loo._rows_apart).
+
+    Reference: refitting without each row in mpmath (60 digits, the data exact), the weights as ``sqrt(w)`` on the
+    rows. Bound per row: ``z = D c`` off by ``delta ||z||`` and ``(H^-1)_ii`` by ``delta ||H^-1||``,
+    ``delta = (m + n) eps cond(H)`` (``H = D^-1 (K + lam^2 I) D^-1``, ``D = diag(sqrt(K_ii + lam^2))``, the kernel's
+    rounding relative to its rows, then Cholesky), so the error ``c_i / d_i`` by ``rel_i = delta (||z|| / (D_ii |c_i|)
+    + ||H^-1|| / (H^-1)_ii)`` and its square by ``2 rel_i + rel_i^2``; plus the mean's own rounding ``m eps``."""
+    import mpmath as mp
+
+    rng = np.random.default_rng(0)
+    m, n = 20, 40
+    sc = np.ones(m)
+    sc[3], sc[-1] = 1e5, 5e-4
+    a = rng.standard_normal((m, n))
+    a = a / np.linalg.norm(a, axis=1)[:, None] * sc[:, None] + rng.random(m)[:, None] * sc[:, None]
+    b = a @ rng.standard_normal(n) + 1e-4 * rng.standard_normal(m)
+    w = rng.uniform(0.5, 2.0, m) if weighted else np.ones(m)
+    alphas = [1e-8, 1e-2]
+    x = bl.solve(a, b, lam=("loo", np.sqrt(alphas)), fit_intercept=False, sample_weight=w if weighted else None)
+    eps = np.finfo(np.float64).eps
+    sw = np.sqrt(w)
+    aw, bw = sw[:, None] * a, sw * b
+    kernel = aw @ aw.T
+    for l, lam2 in enumerate(alphas):
+        errs = []
+        for i in range(m):
+            tr = np.setdiff1d(np.arange(m), [i])
+            with mp.workdps(60):
+                at = mp.matrix(aw[tr].tolist())
+                y = mp.lu_solve(at * at.T + lam2 * mp.eye(m - 1), mp.matrix(bw[tr].tolist()))
+                p = mp.fsum(mp.mpf(float(aw[i, j])) * v for j, v in enumerate(at.T * y))
+                errs.append(float((mp.mpf(float(bw[i])) - p) ** 2))
+        ref = np.mean(errs)
+        d = np.sqrt(np.diag(kernel) + lam2)
+        h = kernel / np.outer(d, d) + np.diag(lam2 / d**2)
+        hinv = np.linalg.inv(h)
+        z = np.linalg.solve(h, bw / d)
+        delta = (m + n) * eps * np.linalg.cond(h)
+        rel = delta * (np.linalg.norm(z) / np.abs(z) + np.linalg.norm(hinv, 2) / np.diag(hinv))
+        tol = np.mean(np.asarray(errs) * (2 * rel + rel**2)) + m * eps * ref
+        got = x.report["curve"]["loo"][l]
+        assert abs(got - ref) <= tol, (lam2, got, ref, tol)
+        if not weighted:  # RidgeCV's own closed form from the eigenvalues is as far off as blocklin's had been
+            sk = RidgeCV(alphas=[lam2], fit_intercept=False, store_cv_results=True).fit(a, b)
+            assert abs(sk.cv_results_.mean() - ref) <= 1e-3 * ref
