@@ -257,7 +257,10 @@ def getrf_in_range(getrf: Any, x: np.ndarray, *, overwrite_a: bool) -> tuple[np.
     w = min(lu.shape)
     for j in np.flatnonzero(small | large):  # U's column j: rows 0..j (L below is unchanged)
         col = lu[: min(j + 1, w), j]
-        with np.errstate(under="ignore"):
+        # over: a U entry beyond the range (the elimination's growth) becomes Inf, as getrf's own overflow
+        # would; the LU panels' max |U| reads it, and every caller refuses a non-finite one (blocklin.lu,
+        # the square solve's _lu, the inverse's LU route)
+        with np.errstate(under="ignore", over="ignore"):
             for part in ((col.real, col.imag) if col.dtype.kind == "c" else (col,)):
                 np.ldexp(part, int(e[j]), out=part)
     return lu, piv, info

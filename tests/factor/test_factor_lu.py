@@ -9,7 +9,7 @@ import pytest
 import scipy.linalg as sl
 
 import blocklin as bl
-from blocklin.errors import BlocklinWarning, WorkerLostError
+from blocklin.errors import BlocklinWarning, ParameterError, WorkerLostError
 
 
 def _unpack(packed, pivots):
@@ -133,3 +133,29 @@ def test_factors_on_an_object_store():
     keys = fsspec.filesystem("memory").find("/factor-test")
     assert not [k for k in keys if "blocklin-done" in k or "lu-work" in k or "pending" in k]
     fsspec.filesystem("memory").rm("/factor-test", recursive=True)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_lu_whose_growth_leaves_the_range_is_refused_with_the_scaling_that_fits(tmp_path):
+    """A float32 matrix with entries up to 2^126 (float32's largest is just under 2^128): the elimination's
+    growth passes the range, and ``U`` would hold Inf and NaN (NumPy's float32 LU overflows too). The
+    factors, and the determinant read from them, had been returned as they were (``slogdet`` (nan, nan),
+    where float64 gives sign 1, 17621.3), with NumPy's overflow warnings only. Refused, naming ``a``, the
+    sizes, and the power of two after which the same matrix factors; the factors of the scaled matrix are
+    checked as every LU here (Higham Thm 9.5)."""
+    rng = np.random.default_rng(5)
+    n = 200
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = q + 0.1 * rng.standard_normal((n, n))
+    a = (np.ldexp(1.0, 126) * a / np.abs(a).max()).astype(np.float32)
+    e = int(np.frexp(np.abs(a).max())[1])  # 2^-e a has max |a| in [1/2, 1)
+    out = tmp_path / "lu.zarr"
+    for call in (lambda: bl.lu(a, out, memory="512KiB"), lambda: bl.slogdet(a, memory="512KiB")):
+        with pytest.raises(ParameterError) as err:
+            call()
+        msg = str(err.value)
+        assert msg.startswith("a: must keep its LU factors within float32's range"), msg
+        assert f"2.0**-{e}" in msg, msg
+    assert not out.exists()  # nothing written under the refused output's name
+    scaled = np.ldexp(a, -e)
+    _check(scaled, bl.lu(scaled, tmp_path / "scaled.zarr", memory="512KiB"), np.float32)

@@ -15,6 +15,7 @@ from blocklin.errors import warn
 from blocklin.matrix import Matrix
 from blocklin.operands import decoded_chunks
 from blocklin.plan.factor import FactorPlan, plan_lu
+from blocklin.linalg.blocks.result_range import lu_growth_error, wide_name
 from blocklin.linalg.factor.lu_panels import lu_finish, lu_panels
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
@@ -75,7 +76,9 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     ``O(n^(2/3))``; Trefethen and Schreiber 1990) and the measured growth factor is reported. A
     singular leading block does not break it, unlike pivoting inside diagonal blocks (as in
     ``dask.array.linalg.lu``). A zero pivot (``A`` singular, or a rectangular ``A`` of rank below
-    ``min(m, n)``) is kept, as LAPACK does, with a warning. Of a rectangle, the panels are those of
+    ``min(m, n)``) is kept, as LAPACK does, with a warning. Factors beyond the dtype's range (entries
+    near its largest, which the elimination's growth passed: ``U`` would hold Inf or NaN) are refused
+    with a ``ParameterError`` that names the power of two after which ``A`` factors. Of a rectangle, the panels are those of
     the same elimination stopped after ``min(m, n)`` columns: a tall ``A``'s pivots range over all
     ``m`` rows, and a wide ``A``'s panels right of column ``m`` are only updated (they are rows of
     ``U``), so the factors are ``getrf``'s on the whole matrix up to rounding.
@@ -118,6 +121,11 @@ def _factor(a: Any, out: Any, overwrite: bool, resume: bool, explain: bool, tile
         if not math.isfinite(max_a):  # check_finite=False: NaN or Inf data, which had been called a zero pivot
             warn(f"lu: A holds {'NaN' if math.isnan(max_a) else 'Inf'} (check_finite=False skipped the check): the "
                  "factors hold NaN or Inf where LAPACK's getrf puts them; pass check_finite=True to find the entry")
+        elif not math.isfinite(max_u):  # finite A: the growth passed the dtype's range, U holds Inf or NaN
+            e = int(np.frexp(max_a)[1])
+            raise lu_growth_error(max_a, max_u, dt, f"scale a by 2.0**-{e} (exact: U is scaled by it, L and the "
+                                  f"pivots are unchanged, a determinant by 2.0**(-{e} n)), or factor it in "
+                                  f"{wide_name(dt)} (cast a)")
         elif min(m, n) and min_pivot == 0.0:
             warn("lu: an exact zero pivot: A is singular (U has a zero on its diagonal); the factors are "
                  "returned as LAPACK's getrf does" if m == n else

@@ -360,9 +360,12 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
             if s1 < w:  # U12 = L11^-1 A12, then A22 -= L21 U12 in row blocks
                 u12 = cpu.solve_triangular(x[s0:s1, s0:s1], x[s0:s1, s1:], lower=True, unit=True)
                 x[s0:s1, s1:] = u12
-                for r0 in range(s1, m, rows):
-                    r1 = min(m, r0 + rows)
-                    x[r0:r1, s1:] -= x[r0:r1, s0:s1] @ u12
+                # a growth beyond the range gives Inf and NaN here, as in getrf: read by lu_panel_task's
+                # max |U| (NaN kept), which every caller of the LU refuses
+                with np.errstate(over="ignore", invalid="ignore"):
+                    for r0 in range(s1, m, rows):
+                        r1 = min(m, r0 + rows)
+                        x[r0:r1, s1:] -= x[r0:r1, s0:s1] @ u12
                 del u12
     return piv
 
