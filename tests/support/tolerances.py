@@ -23,7 +23,7 @@ import numpy as np
 __all__ = [
     "eps", "product_bound", "assert_product", "assert_gram", "assert_residual", "assert_solve",
     "assert_factorization", "assert_singular_values", "assert_ritz_values", "assert_eigenvalues", "assert_orthonormal",
-    "assert_mean", "assert_std", "assert_explained_variance", "assert_close_to",
+    "assert_mean", "assert_std", "assert_explained_variance", "assert_close_to", "fro_norm",
 ]
 
 
@@ -38,7 +38,7 @@ def _f64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
-def _fro(x) -> float:
+def fro_norm(x) -> float:
     """Frobenius norm, scaled by the power of two of max|x| first (exactly): NumPy's sum of squares
     overflows to Inf for entries beyond about 1e154, which would make a bound built from it Inf and
     its check vacuous."""
@@ -47,7 +47,8 @@ def _fro(x) -> float:
     if m == 0.0 or not np.isfinite(m):
         return float(np.linalg.norm(x))
     e = int(np.frexp(m)[1])
-    return float(np.ldexp(np.linalg.norm(x * np.ldexp(1.0, -e)), e))
+    h = -e // 2  # in two factors: 2^-e alone is beyond the range for a subnormal max|x| (e below -1023)
+    return float(np.ldexp(np.linalg.norm(x * np.ldexp(1.0, h) * np.ldexp(1.0, -e - h)), e))
 
 
 def _dtype(got, dtype):
@@ -69,7 +70,7 @@ def product_bound(a, b, dtype, *, const: float = 2.0, alpha: float = 1.0) -> flo
     output in the output dtype (each one more rounding of an entry no larger than the sum's bound).
     """
     k = np.shape(a)[-1] if np.ndim(a) > 1 else np.size(a)
-    return const * max(k, 1) * eps(dtype) * abs(alpha) * _fro(a) * _fro(b)
+    return const * max(k, 1) * eps(dtype) * abs(alpha) * fro_norm(a) * fro_norm(b)
 
 
 def assert_product(got, ref, a, b, *, dtype=None, alpha: float = 1.0, const: float = 2.0, extra: float = 0.0) -> None:
@@ -79,7 +80,7 @@ def assert_product(got, ref, a, b, *, dtype=None, alpha: float = 1.0, const: flo
     absolute term a caller derives for an addend (``c eps ||beta C||_F`` for ``+ beta C``).
     """
     bound = product_bound(a, b, _dtype(got, dtype), const=const, alpha=alpha) + extra
-    _check(f"product of inner dimension {np.shape(a)[-1]}", _fro(_f64(got) - _f64(ref)), bound)
+    _check(f"product of inner dimension {np.shape(a)[-1]}", fro_norm(_f64(got) - _f64(ref)), bound)
 
 
 def assert_gram(got, ref, a, *, dtype=None, trans: bool = False, alpha: float = 1.0, const: float = 2.0,
@@ -92,8 +93,8 @@ def assert_gram(got, ref, a, *, dtype=None, trans: bool = False, alpha: float = 
     """
     a = _f64(a)
     k = a.shape[1] if trans else a.shape[0]
-    bound = const * max(k, 1) * eps(_dtype(got, dtype)) * abs(alpha) * _fro(a) ** 2 + extra
-    _check(f"Gram of inner dimension {k}", _fro(_f64(got) - _f64(ref)), bound)
+    bound = const * max(k, 1) * eps(_dtype(got, dtype)) * abs(alpha) * fro_norm(a) ** 2 + extra
+    _check(f"Gram of inner dimension {k}", fro_norm(_f64(got) - _f64(ref)), bound)
 
 
 def assert_residual(a, x, b, *, dtype=None, const: float = 4.0) -> None:
@@ -110,8 +111,8 @@ def assert_residual(a, x, b, *, dtype=None, const: float = 4.0) -> None:
     a64, x64 = _f64(a), _f64(x)
     n = a64.shape[1]
     r = a64 @ x64.reshape(n, -1) - _f64(b).reshape(a64.shape[0], -1)
-    bound = const * n * eps(_dtype(x, dtype)) * _fro(a64) * _fro(x64)
-    _check(f"backward error of an order-{n} solve", _fro(r), bound)
+    bound = const * n * eps(_dtype(x, dtype)) * fro_norm(a64) * fro_norm(x64)
+    _check(f"backward error of an order-{n} solve", fro_norm(r), bound)
 
 
 def assert_solve(got, ref, a, *, dtype=None, const: float = 8.0, cond: float | None = None) -> None:
@@ -127,8 +128,8 @@ def assert_solve(got, ref, a, *, dtype=None, const: float = 8.0, cond: float | N
     a64 = _f64(a)
     kappa = float(np.linalg.cond(a64)) if cond is None else float(cond)
     n = a64.shape[1]
-    bound = const * n * eps(_dtype(got, dtype)) * kappa * _fro(ref)
-    _check(f"forward error of an order-{n} solve (cond {kappa:.3g})", _fro(_f64(got) - _f64(ref)), bound)
+    bound = const * n * eps(_dtype(got, dtype)) * kappa * fro_norm(ref)
+    _check(f"forward error of an order-{n} solve (cond {kappa:.3g})", fro_norm(_f64(got) - _f64(ref)), bound)
 
 
 def assert_factorization(a, product, *, factors=(), dtype=None, const: float = 2.0) -> None:
@@ -142,9 +143,9 @@ def assert_factorization(a, product, *, factors=(), dtype=None, const: float = 2
     """
     a64 = _f64(a)
     n = a64.shape[1]
-    scale = float(np.prod([_fro(f) for f in factors])) if factors else _fro(a64)
+    scale = float(np.prod([fro_norm(f) for f in factors])) if factors else fro_norm(a64)
     bound = const * n * eps(_dtype(product, dtype)) * scale
-    _check(f"residual of an order-{n} factorization", _fro(a64 - _f64(product)), bound)
+    _check(f"residual of an order-{n} factorization", fro_norm(a64 - _f64(product)), bound)
 
 
 def assert_singular_values(got, ref, *, n: int, dtype=None, const: float = 4.0, gram: bool = False,
@@ -219,7 +220,7 @@ def assert_orthonormal(q, *, dtype=None, const: float = 2.0, n: int | None = Non
     rows, k = q64.shape
     n = rows if n is None else n
     bound = const * n * eps(_dtype(q, dtype)) * np.sqrt(k)
-    _check(f"orthonormality of {k} columns of length {rows}", _fro(q64.conj().T @ q64 - np.eye(k)), bound)
+    _check(f"orthonormality of {k} columns of length {rows}", fro_norm(q64.conj().T @ q64 - np.eye(k)), bound)
 
 
 def assert_mean(got, x, *, axis: int = 0, dtype=None, const: float = 2.0) -> None:
@@ -260,7 +261,7 @@ def assert_std(got, x, *, axis: int = 0, ddof: int = 0, dtype=None, const: float
 
 def assert_close_to(got, ref, *, bound: float, what: str) -> None:
     """``||got - ref||_F <= bound`` for a bound the caller derived (and states next to the call)."""
-    _check(what, _fro(_f64(got) - _f64(ref)), bound)
+    _check(what, fro_norm(_f64(got) - _f64(ref)), bound)
 
 
 def assert_explained_variance(ev, ev_ref, ratio, ratio_ref, a, *, dtype=None, const: float = 4.0) -> None:
@@ -282,7 +283,7 @@ def assert_explained_variance(ev, ev_ref, ratio, ratio_ref, a, *, dtype=None, co
     i = int(np.argmax(err / ev_bound))
     _check(f"explained variance {i}", float(err[i]), float(ev_bound[i]))
     total = float(np.sum(a64.var(axis=0, ddof=1)))
-    t_bound = const * m * e * _fro(a64) ** 2 / (m - 1)
+    t_bound = const * m * e * fro_norm(a64) ** 2 / (m - 1)
     r_bound = ev_bound / total + _f64(ratio_ref) * t_bound / total
     err = np.abs(_f64(ratio) - _f64(ratio_ref))
     i = int(np.argmax(err / r_bound))
