@@ -544,7 +544,9 @@ def test_float32_matrix_near_its_top_is_inverted_or_names_a(method, e):
     ref = np.linalg.inv(a.astype(np.float64))
     try:
         with warnings.catch_warnings():
-            if (e, method) == (120, "schur"):  # the leaves' norms fit float64: no NumPy overflow on this path
+            # 120-schur: the leaves' norms fit float64; 126-lu: the panels' overflow is read as max |U| (and
+            # refused), no NumPy overflow warning beside it
+            if (e, method) in ((120, "schur"), (126, "lu")):
                 warnings.simplefilter("error", RuntimeWarning)
             x = bl.inv(a, memory="512KiB", method=method).to_numpy()
     except ParameterError as err:
