@@ -139,7 +139,10 @@ def test_graded_system_in_mixed_and_half_precision(side, span, precision, memory
     check(x.to_numpy(), B, b, dr, dc)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_mixed_precision_of_columns_equilibrated_beyond_float32s_range_is_refused_by_name():
+    """Columns near ``2^600`` factored in float32: refused naming ``precision``, with blocklin's message alone
+    (NumPy's overflow warning of the panel's cast to float32 had come before it)."""
     a, b, B, dr, dc = graded(48, 600, "cols-alt")
     with pytest.raises(ParameterError, match="precision: a float32 factorization needs A's entries within float32's"):
         bl.solve(a, b, precision="mixed")

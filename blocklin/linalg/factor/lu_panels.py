@@ -259,7 +259,11 @@ def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block
             max_a = float(np.maximum(max_a, _block_max_abs(block)))  # NaN kept (Python's max drops it)
             sumsq += sum_squares(block)
         if not same:
-            panel[r0:r1] = block
+            # a stored value beyond dt's range (float64 data factored in float32) becomes Inf, as NumPy's
+            # cast makes it: max_a, of the stored values, names it, and the callers that factor in a narrower
+            # dtype (the square solve's and the inverse's LU) refuse a non-finite max |U| by that range
+            with np.errstate(over="ignore"):
+                panel[r0:r1] = block
     return panel, {"max_a": max_a, "sumsq": sumsq}
 
 
