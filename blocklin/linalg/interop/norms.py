@@ -346,7 +346,9 @@ def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float | complex, floa
     """``(sign, logabsdet)`` of a square out-of-core matrix, as ``numpy.linalg.slogdet``: from the LU
     factors with partial pivoting (:func:`blocklin.lu`), ``sign = (-1)^swaps prod sign(U_ii)`` and
     ``logabsdet = sum log |U_ii|`` (``(0, -inf)`` for a singular matrix). Of a complex matrix ``sign``
-    is a complex number of modulus 1, ``(-1)^swaps prod U_ii / |U_ii|``, as NumPy's."""
+    is a complex number of modulus 1, ``(-1)^swaps prod U_ii / |U_ii|``, as NumPy's. Factors beyond the dtype's
+    range (a float32 ``A`` near ``2^126``, whose elimination's growth overflows) are refused by :func:`blocklin.lu`,
+    naming the power of two after which ``A`` factors, where they had given ``(nan, nan)``."""
     from blocklin.linalg.factor.lu import square_lu
 
     with warnings.catch_warnings():  # a zero pivot is the answer here, (0, -inf), not a warning
