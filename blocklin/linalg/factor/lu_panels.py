@@ -453,8 +453,9 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     save_record(spec, f"lu-piv-{j}.npy", pj)
     diag = np.abs(np.diagonal(host[c0:c1]))
     # NaN kept (Python's max drops a NaN second argument: an overflowed first panel had read as max |U| = 0
-    # with a NaN pivot, named a zero pivot of a singular A)
-    stats.update(max_u=float(np.maximum(_max_abs(host[:c0], rb), np.abs(np.triu(host[c0:c1])).max()
+    # with a NaN pivot, named a zero pivot of a singular A); a finite complex entry whose modulus is beyond
+    # the range gives a finite bound (_block_max_abs), not the Inf every caller refuses as an overflow
+    stats.update(max_u=float(np.maximum(_max_abs(host[:c0], rb), _block_max_abs(np.triu(host[c0:c1]))
                                         if diag.size else 0.0)),
                  min_pivot=float(diag.min()) if diag.size else math.inf)  # inf: no pivot in this panel
     if spec.c is None:
