@@ -18,7 +18,7 @@ from sklearn.model_selection import GridSearchCV, GroupKFold, KFold, TimeSeriesS
 import blocklin as bl
 from blocklin.errors import BlocklinError
 from support.conformance import dense, least_budget
-from support.ridge import EPS64, centered, coef_bound, intercept_bound, loo_score_bound, problem
+from support.ridge import EPS64, centered, coef_bound, intercept_bound, loo_score_bound, problem, rows_apart
 
 ALPHAS = [1e-3, 0.1, 1.0, 10.0, 100.0]
 
@@ -383,11 +383,7 @@ def test_wide_kfold_keeps_directions_that_rows_far_apart_determine():
 
     rng = np.random.default_rng(0)
     m, n = 20, 40
-    sc = np.ones(m)
-    sc[3], sc[-1] = 1e5, 5e-4
-    a = rng.standard_normal((m, n))
-    a = a / np.linalg.norm(a, axis=1)[:, None] * sc[:, None] + rng.random(m)[:, None] * sc[:, None]
-    b = a @ rng.standard_normal(n) + 1e-4 * rng.standard_normal(m)
+    a, b = rows_apart(rng, m, n)
     alphas = [1e-8, 1e-2]
     x = bl.solve(a, b, lam=_grid(alphas), cv=5, fit_intercept=False)
     got = np.asarray(x.report["curve"]["fold_scores"])  # L x folds

@@ -17,7 +17,7 @@ from sklearn.linear_model import RidgeCV
 
 import blocklin as bl
 from blocklin.errors import BudgetError, ParameterError
-from support.ridge import coef_bound, intercept_bound, loo_score_bound, problem, weights
+from support.ridge import coef_bound, intercept_bound, loo_score_bound, problem, rows_apart, weights
 
 GRID = np.array([0.3, 1.0, 3.0, 10.0, 30.0, 100.0])  # lam; RidgeCV's alphas are GRID**2
 M, N = 4000, 10
@@ -423,11 +423,7 @@ def test_wide_loo_from_the_row_scaled_kernel_where_rows_are_far_apart(weighted):
 
     rng = np.random.default_rng(0)
     m, n = 20, 40
-    sc = np.ones(m)
-    sc[3], sc[-1] = 1e5, 5e-4
-    a = rng.standard_normal((m, n))
-    a = a / np.linalg.norm(a, axis=1)[:, None] * sc[:, None] + rng.random(m)[:, None] * sc[:, None]
-    b = a @ rng.standard_normal(n) + 1e-4 * rng.standard_normal(m)
+    a, b = rows_apart(rng, m, n)
     w = rng.uniform(0.5, 2.0, m) if weighted else np.ones(m)
     alphas = [1e-8, 1e-2]
     x = bl.solve(a, b, lam=("loo", np.sqrt(alphas)), fit_intercept=False, sample_weight=w if weighted else None)

@@ -16,6 +16,18 @@ import numpy as np
 EPS64 = float(np.finfo(np.float64).eps)
 
 
+def rows_apart(rng: np.random.Generator, m: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A wide ``m x n`` ``A`` whose rows 3 and ``m - 1`` have norms about ``1e5`` and ``5e-4`` (the others about 1,
+    each shifted by a random multiple of its scale) and ``b = A x + 1e-4`` noise: the kernel ``A A^T`` rounds
+    relative to its rows, and its eigen-decomposition, norm-wise, cuts directions the data determine."""
+    sc = np.ones(m)
+    sc[3], sc[-1] = 1e5, 5e-4
+    a = rng.standard_normal((m, n))
+    a = a / np.linalg.norm(a, axis=1)[:, None] * sc[:, None] + rng.random(m)[:, None] * sc[:, None]
+    b = a @ rng.standard_normal(n) + 1e-4 * rng.standard_normal(m)
+    return a, b
+
+
 def problem(m: int, n: int, k: int, *, seed: int = 0, offset: float = 3.0, noise: float = 1.0,
             dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
     """Columns with singular values spread over one decade (cond(A) ~ 10), means ``offset`` against a
