@@ -334,6 +334,28 @@ def test_runs_interrupted_on_a_cluster_resume_there_or_locally(tmp_path, monkeyp
     np.testing.assert_array_equal(x.to_numpy(), y.to_numpy())
 
 
+def _twins(tmp_path, setup):
+    """Folders ``run`` and ``fresh`` holding the same inputs (``setup(run)``, then copied); returns both and what
+    ``setup`` returned."""
+    import shutil
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    run.mkdir()
+    made = setup(run)
+    shutil.copytree(run, fresh)
+    return run, fresh, made
+
+
+def _interrupted_before_commit(patch, call, **config) -> None:
+    """``call()`` under ``bl.config.set(**config)``, interrupted (KeyboardInterrupt) just before its output's
+    commit; the interrupt stays set in ``patch`` (a monkeypatch: undo it, or leave its context)."""
+    import blocklin.storage.atomic as atomic
+
+    interrupt_after(patch, atomic.AtomicOutput, "commit", 0)
+    with bl.config.set(**config), pytest.raises(KeyboardInterrupt):
+        call()
+
+
 def _codec(path) -> str:
     """The compression of the zarr array at ``path``, as its metadata names it."""
     import zarr
@@ -378,17 +400,8 @@ def test_product_resumed_with_another_codec_is_started_over(tmp_path, monkeypatc
     commit under ``codec="gzip"`` and resumed under ``"zstd"`` must start over and store its result with
     zstd, as a fresh run does (it had kept every tile and committed a gzip array, no word said). Both codecs
     compress, so the dense product's plan (direct chunk writes only without one) is the same for both."""
-    import shutil
-
-    import blocklin.storage.atomic as atomic
-
-    run, fresh = tmp_path / "run", tmp_path / "fresh"
-    run.mkdir()
-    go = _codec_case(operation, run)
-    shutil.copytree(run, fresh)
-    interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
-    with bl.config.set(codec="gzip"), pytest.raises(KeyboardInterrupt):
-        go(run)
+    run, fresh, go = _twins(tmp_path, lambda f: _codec_case(operation, f))
+    _interrupted_before_commit(monkeypatch, lambda: go(run), codec="gzip")
     monkeypatch.undo()
     assert _partials(run, "R.zarr")
     with bl.config.set(codec="zstd"):
@@ -404,20 +417,12 @@ def test_resumed_array_of_another_codec_is_created_again(tmp_path, monkeypatch):
     """The second line of defence: where a token missed the codec (the matmul's token without the job's
     settings, as it had been), the resumed run finds the interrupted one's array stored with another codec
     and creates it again (``atomic.open_or_create_array``), rather than committing it."""
-    import shutil
-
     import blocklin.linalg.products.gemm as gemm
-    import blocklin.storage.atomic as atomic
 
-    run, fresh = tmp_path / "run", tmp_path / "fresh"
-    run.mkdir()
-    go = _codec_case("matmul", run)
-    shutil.copytree(run, fresh)
+    run, fresh, go = _twins(tmp_path, lambda f: _codec_case("matmul", f))
     monkeypatch.setattr(gemm, "plan_settings", lambda job: ())
     with monkeypatch.context() as m:
-        interrupt_after(m, atomic.AtomicOutput, "commit", 0)
-        with bl.config.set(codec="gzip"), pytest.raises(KeyboardInterrupt):
-            go(run)
+        _interrupted_before_commit(m, lambda: go(run), codec="gzip")
     with bl.config.set(codec="zstd"):
         got = go(run, resume=True)
         ref = go(fresh)
@@ -467,19 +472,10 @@ def test_resumed_with_other_output_chunks_or_dtype_is_started_over(tmp_path, mon
     """A run interrupted just before its commit and resumed with other output chunks (``out_chunks``,
     convert's ``chunks``, a factor's ``tile``) or another output ``dtype`` gives the fresh run's output,
     of its chunks, dtype and bits, and reuses nothing of the interrupted run."""
-    import shutil
-
     import zarr
 
-    import blocklin.storage.atomic as atomic
-
-    run, fresh = tmp_path / "run", tmp_path / "fresh"
-    run.mkdir()
-    go = _layout_case(operation, run)
-    shutil.copytree(run, fresh)
-    interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
-    with pytest.raises(KeyboardInterrupt):
-        go(run, **first)
+    run, fresh, go = _twins(tmp_path, lambda f: _layout_case(operation, f))
+    _interrupted_before_commit(monkeypatch, lambda: go(run, **first))
     monkeypatch.undo()
     assert _partials(run, "R.zarr")
     got = go(run, resume=True, **second)
@@ -525,19 +521,10 @@ def test_update_resumed_with_other_settings_equals_a_fresh_update(tmp_path, monk
     that depends on them): interrupted just before the commit with ``workers=1`` under ``codec="gzip"`` and
     resumed with ``workers=2`` under ``"zstd"``, each equals a fresh update with the latter, in bits and
     in the codec of its long arrays."""
-    import shutil
-
     import zarr
 
-    import blocklin.storage.atomic as atomic
-
-    run, fresh = tmp_path / "run", tmp_path / "fresh"
-    run.mkdir()
-    memory = _stored_update_case(kind, run)
-    shutil.copytree(run, fresh)
-    interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
-    with bl.config.set(codec="gzip"), pytest.raises(KeyboardInterrupt):
-        bl.update(run / "R.zarr", memory=memory, workers=1)
+    run, fresh, memory = _twins(tmp_path, lambda f: _stored_update_case(kind, f))
+    _interrupted_before_commit(monkeypatch, lambda: bl.update(run / "R.zarr", memory=memory, workers=1), codec="gzip")
     monkeypatch.undo()
     assert _partials(run, "R.zarr")
     with bl.config.set(codec="zstd"):
