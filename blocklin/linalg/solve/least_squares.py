@@ -56,8 +56,10 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                       scoring=scoring, folds=folds, L=L)
     ctx.sa = Scaling.of(source(A), A.dtype)
     ctx.sb = Scaling.of(source(B), B.dtype)
-    if k > 1 and kind == "scalar" and not (positive or folds is not None or updatable):
-        # each column of x its own problem: b's columns far apart are each scaled by their own power of two
+    if k > 1 and kind in ("scalar", "sequence", "gcv", "lcurve") and folds is None:
+        # each column of x its own problem: b's columns far apart are each scaled by their own power of two (a
+        # rule's score sums the columns at the largest one's scale, spectrum.Spectrum.col_shift; positive's NNLS
+        # is per column; updatable refuses to keep sums of columns apart, updatable.keep_sums)
         ctx.sb.per_column = True
         if plan.orientation != "wide":  # from the peaks the first pass records (the wide route holds b)
             job.column_peaks.add(ctx.sb.path)
@@ -147,8 +149,9 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
     def sc(v: Any, e: Any) -> Any:
         if v is None or isinstance(v, str):
             return v
-        if isinstance(v, (list, tuple)):
-            return [sc(x, e if np.ndim(e) == 0 else e[i]) for i, x in enumerate(v)]
+        if isinstance(v, (list, tuple)):  # per column where e is; a sequence's outer list is per lambda
+            per_column = np.ndim(e) and not any(isinstance(x, (list, tuple)) for x in v)
+            return [sc(x, e[i] if per_column else e) for i, x in enumerate(v)]
         e = int(e) if np.ndim(e) == 0 else int(np.max(e))
         with np.errstate(over="ignore", under="ignore"):
             if isinstance(v, (complex, np.complexfloating)):  # a complex problem's intercept
@@ -159,12 +162,15 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
                    ("solution_norm", eb - ea + ctx.xe), ("intercept", eb)):
         if key in info:
             info[key] = sc(info[key], e)
+    # the curve's and the GCV's sums over the columns are in the units of the largest column's power
+    # (spectrum.Spectrum.col_shift), each column's leave-one-out sums in its own
+    top = int(np.max(eb))
     if "gcv" in info:  # m ||r||^2 / (m - dof)^2
-        info["gcv"] = sc(info["gcv"], 2 * eb)
+        info["gcv"] = sc(info["gcv"], 2 * top)
     curve = info.get("curve")
     if isinstance(curve, dict):
-        for key, e in (("lam", ea), ("chosen", ea), ("residual_norm", eb), ("solution_norm", eb - ea),
-                       ("gcv", 2 * eb), ("loo", 2 * eb), ("loo_per_target", 2 * eb)):
+        for key, e in (("lam", ea), ("chosen", ea), ("residual_norm", top), ("solution_norm", top - ea),
+                       ("gcv", 2 * top), ("loo", 2 * top), ("loo_per_target", 2 * eb)):
             if key in curve:
                 curve[key] = sc(curve[key], e)
     if np.ndim(eb):

@@ -21,7 +21,7 @@ from blocklin.linalg.solve import lambda_select, loo
 from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
 from blocklin.linalg.solve.qr_route import qr_route
 from blocklin.linalg.solve.spectrum import lambdas as spectrum_lambdas
-from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram
+from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram, weigh_columns
 from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, dots, factor_regularized, norms, singular, write_x
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.passes import run_pass
@@ -185,7 +185,7 @@ def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
     if rule == "loo":  # the leave-one-out pass over A (one lambda, or one per right-hand side)
         lams, curve = loo.choose(ctx, spec)
     elif rule:
-        lam, curve = lambda_select.choose_lambda(spec, rule, quiet=True)
+        lam, curve = lambda_select.choose_lambda(weigh_columns(ctx, spec), rule, quiet=True)
         lams = [lam]
     else:
         lams, curve = list(ctx.lams), None

@@ -69,6 +69,21 @@ class Spectrum:
     ev_bound: float = 0.0
     #: the left singular vectors of a dual spectrum from an R factor (``R = U S V^H``, ``basis = V``)
     left: np.ndarray | None = None
+    #: per right-hand side, ``e_j - max e`` where each column of ``b`` was divided by its own power ``2^e_j``
+    #: (:attr:`~blocklin.linalg.blocks.scaling.Scaling.columns`; None: one power for all): the sums over the
+    #: right-hand sides (:meth:`on_grid`, :meth:`gcv`) take column ``j``'s squares times ``2^(2 (e_j - max e))``,
+    #: in the units of the largest column's power (:func:`weigh_columns`)
+    col_shift: np.ndarray | None = None
+
+    def column_weights(self, k: int) -> np.ndarray:
+        """What column ``j``'s squares weigh in a sum over the right-hand sides: ``2^(2 col_shift_j)`` (1 each
+        without :attr:`col_shift`). A column more than ``2^537`` below the largest weighs 0: its squares lie
+        below ``2^-1074`` of the largest column's, beneath the sum's rounding (``eps`` of it) by far, which is
+        what the sum of the squares in the units of ``b`` is (it is dominated by the large column)."""
+        if self.col_shift is None:
+            return np.ones(k)
+        with np.errstate(under="ignore"):
+            return np.ldexp(1.0, 2 * np.asarray(self.col_shift, dtype=np.int64))
 
     @property
     def floor(self) -> float:
@@ -151,9 +166,11 @@ class Spectrum:
         return float(np.sum(filters(self.s, lam)[2]))
 
     def gcv(self, lam: float) -> float:
-        """Golub-Heath-Wahba ``V(lam) = m ||r||^2 / (m - dof)^2`` (summed over right-hand sides)."""
+        """Golub-Heath-Wahba ``V(lam) = m ||r||^2 / (m - dof)^2`` (summed over right-hand sides, at the largest
+        column's scale where they were scaled apart: :meth:`column_weights`)."""
         den = (self.m - self.dof(lam)) ** 2
-        return float(self.m * self.residual_sq(lam).sum() / den) if den > 0 else float("inf")
+        rr = self.residual_sq(lam)
+        return float(self.m * (rr @ self.column_weights(rr.size)) / den) if den > 0 else float("inf")
 
     def on_grid(self, lams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`residual_sq` and :meth:`solution_sq` summed over the right-hand sides, and
@@ -162,13 +179,14 @@ class Spectrum:
         the same sums, as matrix products over the lambdas, equal to the one-lambda methods to
         rounding."""
         lams = np.asarray(lams, dtype=np.float64)
-        b2 = (np.abs(self.beta) ** 2).sum(axis=1)  # per singular value, over the right-hand sides
-        c2 = None if self.vc is None else (np.abs(self.vc) ** 2).sum(axis=1)
+        w = self.column_weights(self.rho0sq.size)  # columns scaled apart: summed at the largest one's scale
+        b2 = (np.abs(self.beta) ** 2) @ w  # per singular value, over the right-hand sides
+        c2 = None if self.vc is None else (np.abs(self.vc) ** 2) @ w
         s2 = self.s**2
-        rho_all = float(self.rho0sq.sum())
+        rho_all = float(self.rho0sq @ w)
         if c2 is not None and self.bb is not None:  # as residual_sq where the solutions take vc
             b2_sure = np.where(s2 > self.ev_noise, b2, 0.0)
-            rho_sure = max(float(self.bb.sum()) - float(b2_sure.sum()), 0.0)
+            rho_sure = max(float(self.bb @ w) - float(b2_sure.sum()), 0.0)
         rr, xx, dof = (np.empty(lams.size) for _ in range(3))
         step = max(1, (1 << 20) // max(1, s2.size))  # lambdas per block: about 8 MiB of filter factors
         for i in range(0, lams.size, step):
@@ -364,6 +382,20 @@ def spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, 
                     ev_noise=max(noise, 0.0), bb=None if dual else np.asarray(bb, dtype=np.float64).reshape(-1))
 
 
+def weigh_columns(ctx: TikhonovRun, spec: Spectrum) -> Spectrum:
+    """Set ``spec.col_shift`` from the run's per-column powers of ``b`` (where its columns lie too far apart for
+    one power, :func:`~blocklin.linalg.blocks.scaling.column_exponents_for`): a rule's score over the columns is
+    then summed in one unit, the largest column's, as the scores of ``b`` in the units given are (columns
+    ``2^1200`` apart had been refused; each divided by its own power and summed as they were, the small column
+    would have weighed as much as the large one). ``spec`` itself."""
+    sb = ctx.sb if ctx is not None else None
+    cols = None if sb is None else sb.columns
+    if cols is not None and np.size(cols) == spec.rho0sq.size:
+        cols = np.asarray(cols, dtype=np.int64)
+        spec.col_shift = cols - cols.max()
+    return spec
+
+
 def choose_lambda(spec: Spectrum, rule: str) -> tuple[float, dict]:
     """``"gcv"`` (Golub, Heath and Wahba, 1979) or ``"lcurve"`` (Hansen, 1998): lambda and the curve
     (:func:`blocklin.linalg.solve.lambda_select.choose_lambda`: grids extended where the choice sits at an end)."""
@@ -431,6 +463,7 @@ def per_target(ctx: TikhonovRun, lams: list[float]) -> bool:
 
 
 def lambdas(ctx: TikhonovRun, spec: Spectrum) -> tuple[list[float], dict | None]:
+    weigh_columns(ctx, spec)
     if ctx.kind in ("gcv", "lcurve"):
         lam, curve = choose_lambda(spec, ctx.kind)
         return [lam], curve
@@ -471,4 +504,4 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
 
 
 __all__ = ["GRID", "Spectrum", "accuracy", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral",
-           "lambdas", "per_target", "s_interval", "spectrum_from_gram", "warn_inaccurate", "x_exponent"]
+           "lambdas", "per_target", "s_interval", "spectrum_from_gram", "warn_inaccurate", "weigh_columns", "x_exponent"]

@@ -252,6 +252,8 @@ def write_x(ctx: TikhonovRun, x_path: str, x: np.ndarray) -> None:
     known = ctx.sa is not None and ctx.sa.known  # x of the scaled problem: x = 2^(eb - ea) x'
     # b's columns each divided by their own power where one power would have lost some (Scaling.per_column)
     e = (ctx.sb.column_exponents - ctx.sa.exponent if known else 0) + ctx.xe
+    if np.ndim(e) and x.ndim == 2 and x.shape[1] != np.size(e):  # a sequence: one block of k columns per lambda
+        e = np.tile(e, x.shape[1] // np.size(e))
     if known and ctx.sb.exponent and ctx.k > 1 and ctx.sb.columns is None:  # b's strips scaled by 2^-eb
         refuse_flushed_rhs(b_column_maxima(ctx), ctx.sb.exponent, ctx.B.dtype)
     # rounded once to the output; a column flushed to 0 or beyond the range is refused, a subnormal one warns

@@ -32,6 +32,14 @@ def keep_sums(ctx: TikhonovRun, where: Any) -> None:
     or one Gram pass where it made none; refused where the data was scaled by a power of two (its
     squares were outside float64's range)."""
     gp = gram_sums(ctx)
+    if ctx.sb.columns is not None:  # each column divided by its own power: no one set of float64 sums holds them
+        far = np.flatnonzero(np.asarray(ctx.sb.columns) < int(np.max(ctx.sb.columns)) - 511)
+        raise ParameterError(explain("updatable", "keeps A^T b and ||b||^2 of every column in float64 at one scale, "
+                                     "which must hold each column's squares", f"column(s) {far.tolist()} of b more "
+                                     f"than 2^511 below its largest (powers of two {ctx.sb.columns.tolist()}): their "
+                                     "squares are outside float64's range beside the largest column's",
+                                     "solve the columns far apart in separate outputs (each updatable), or pass "
+                                     "updatable=False"))
     if ctx.sa.exponent or ctx.sb.exponent:
         raise ParameterError(explain("updatable", "keeps A^T A and A^T b in float64, which must hold the data's "
                                      "squares", f"data scaled by 2^{ctx.sa.exponent} (A) and 2^{ctx.sb.exponent} (b) "
