@@ -106,8 +106,17 @@ def test_sequence_columns_apart(route, q):
     pa, pb = prepared(a, b, kw)
     for i, lam in enumerate(SEQUENCE):
         check_block(x[:, 2 * i:2 * i + 2], report["residual_norm"][i], report["solution_norm"][i], pa, pb, q, lam)
+        if kw.get("fit_intercept"):  # bbar - mu^T x: x's error times ||mu||, and its own rounding
+            ref, mu, bbar = ridge(pa, pb, lam), a.mean(axis=0), b.mean(axis=0)
+            for j, (dx, _) in enumerate(bounds(pa, pb, ref, lam)):
+                want = bbar[j] - mu @ ref[:, j]
+                got = np.ldexp(report["intercept"][i][j], -int(q[j]))
+                tol = np.linalg.norm(mu) * dx + 8 * max(shape) * np.finfo(float).eps * (
+                    abs(bbar[j]) + np.linalg.norm(mu) * np.linalg.norm(ref[:, j]))
+                assert abs(got - want) <= tol, (i, j, got, want)
 
 
+@pytest.mark.filterwarnings("ignore:solve. the .* sits at the low end:UserWarning")
 @pytest.mark.parametrize("rule", ["gcv", "lcurve"])
 @pytest.mark.parametrize("q", APART, ids=["2^1200 apart", "2^600 apart"])
 @pytest.mark.parametrize("route", sorted(ROUTES))
