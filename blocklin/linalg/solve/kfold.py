@@ -395,6 +395,7 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     and ``b`` of the scaled problem, the weights), the scores, the choice."""
     gm, bm, w = ctx.dual_sums
     m = gm.shape[0]
+    raw = gm  # shifted by a row: the intercept's row-scaled fits (_bordered_fits)
     if ctx.intercept:  # a shift of the rows changes no centered quantity: center A A^T by the plain means first
         gm = gm - gm.mean(axis=0)[None, :]
         gm = gm - gm.mean(axis=1)[:, None]
@@ -408,7 +409,7 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     for f in range(ctx.folds.count):
         held = ctx.folds.rows(f, m)
         train = np.setdiff1d(np.arange(m), held)
-        pred = _wide_predictions(gm, bm, w, train, held, grid, ctx.intercept)  # held x L x k
+        pred = _wide_predictions(gm, bm, w, train, held, grid, ctx.intercept, raw)  # held x L x k
         err = b_orig[held][:, None, :] - pred
         if callable(ctx.scoring):
             eb = ctx.sb.exponent if ctx.sb is not None else 0
@@ -431,10 +432,11 @@ def _wide_default_grid(spec: Any) -> np.ndarray:
 
 
 def _wide_predictions(gm: np.ndarray, bm: np.ndarray, w: np.ndarray, train: np.ndarray, held: np.ndarray,
-                      grid: np.ndarray, intercept: bool) -> np.ndarray:
+                      grid: np.ndarray, intercept: bool, raw: np.ndarray | None = None) -> np.ndarray:
     """Held-out predictions of the fits on ``train`` (dual form): ``x = (D C A_t)^T (K + lam^2 I)^-1 D C b_t``
     with ``C = I - 1 w^T / S`` the weighted centering (identity without an intercept) and ``D = diag(sqrt(w))``;
-    prediction ``bbar + (A_h - 1 mu^T) x`` from ``A A^T`` alone."""
+    prediction ``bbar + (A_h - 1 mu^T) x`` from ``A A^T`` alone. ``raw``: the kernel before centering (of rows
+    shifted by one row), for the intercept's row-scaled fits (:func:`_bordered_fits`)."""
     wt = w[train]
     s = wt.sum()
     mtt, mht = gm[np.ix_(train, train)], gm[np.ix_(held, train)]
@@ -459,8 +461,41 @@ def _wide_predictions(gm: np.ndarray, bm: np.ndarray, w: np.ndarray, train: np.n
     ys = np.einsum("st,ltk->lsk", u, ys)  # L x train x k
     # rows far apart in scale: K_t rounds relative to its rows, as the tall Gram to its columns (_scaled_fits)
     _scaled_fits(ys, (kt + kt.conj().T) / 2, wrhs, grid, filt, ev)
-    pred = np.einsum("hs,lsk->hlk", cross * sw[None, :], ys)
-    return pred + bbar[None, None, :]
+    pred = np.einsum("hs,lsk->hlk", cross * sw[None, :], ys) + bbar[None, None, :]
+    if intercept and raw is not None:
+        _bordered_fits(pred, raw, bm, sw, train, held, grid, (kt + kt.conj().T) / 2, filt, ev)
+    return pred
+
+
+def _bordered_fits(pred: np.ndarray, raw: np.ndarray, bm: np.ndarray, sw: np.ndarray, train: np.ndarray,
+                   held: np.ndarray, grid: np.ndarray, kc: np.ndarray, filt: np.ndarray, ev: np.ndarray) -> None:
+    """Refit with an intercept, in place in ``pred`` (``held x L x k``), the grid values whose centered
+    eigen-decomposition's fit is norm-wise where the rows are far apart (:func:`scaled_kernel.refit
+    <blocklin.linalg.solve.scaled_kernel.refit>` of the weighted centered kernel ``kc``, the intercept's own null
+    direction not counted as cut): the dual ridge problem with an unpenalized intercept,
+    ``[[K + lam^2 I, u], [u^T, 0]] [y; x0] = [D b_t; 0]`` with ``K = D K_s D`` the kernel of the rows shifted by one
+    row (``raw``; the problem is the same for any shift), ``u = sqrt(w)``, solved through the row-scaled Cholesky
+    of ``K + lam^2 I`` and the Schur complement ``x0 = u^T M D b_t / u^T M u`` (``M = (K + lam^2 I)^-1``,
+    positive); prediction ``K_s[h, t] D y + x0``. The centered kernel mixes the rows by their mean, which a row far
+    from the others dominates: rows ``1e5`` and ``5e-4`` apart gave fold scores ``6e-6`` off at
+    ``lam^2 = 1e-8`` (``8e-5`` with the large row first, whose shift :func:`~blocklin.linalg.solve.wide.shift_row`
+    moves). Kept as the eigen-decomposition gave it where the scaled matrix is not numerically positive definite."""
+    cut = np.count_nonzero(filt == 0, axis=0) > 1
+    redo = scaled_kernel.refit(kc, ev, grid, cut)
+    if not redo.any():
+        return
+    ks = sw[:, None] * raw[np.ix_(train, train)] * sw[None, :]
+    ks = (ks + ks.conj().T) / 2
+    cross = raw[np.ix_(held, train)] * sw[None, :]
+    rhs = sw[:, None] * bm[train]
+    for l in np.flatnonzero(redo):
+        factor = scaled_kernel.scaled_factor(ks, float(grid[l]) ** 2)
+        if factor is None:
+            continue
+        zb = scaled_kernel.scaled_solve(factor, rhs)
+        zu = scaled_kernel.scaled_solve(factor, sw[:, None].astype(rhs.dtype))
+        x0 = (sw @ zb) / (sw @ zu)[0]
+        pred[:, l, :] = cross @ (zb - zu * x0[None, :]) + x0[None, :]
 
 
 def refuse_options(cv: Any, *, kind: str, per_target: bool, store_cv: bool) -> None:

@@ -102,19 +102,77 @@ def _wide_gram_gemm(ctx: TikhonovRun) -> dict:
     return {"g": g, "v": v}
 
 
-def _first_row_store(ctx: TikhonovRun) -> Any:
-    """Row 0 of ``A`` (float64, ``1 x n``) in a scratch store chunked as ``A``'s columns, copied chunk by chunk
-    (the shift of the intercept's GEMM, :func:`_wide_gram_gemm`)."""
+def _first_row_store(ctx: TikhonovRun, row: int = 0) -> Any:
+    """Row ``row`` (0: the first) of ``A`` (float64, ``1 x n``) in a scratch store chunked as ``A``'s columns,
+    copied chunk by chunk (the shift of the intercept's GEMM, :func:`_wide_gram_gemm`, :func:`_fold_kernel`)."""
     from blocklin.storage.zarr_store import open_cached, read_block, write_block
 
     n, step = ctx.n, max(1, int(ctx.A.chunks[1]))
-    path = ctx.job.scratch("first row", (1, n), np.float64, (1, min(n, step)))
+    path = ctx.job.scratch("first row" if row == 0 else f"row {row}", (1, n), np.float64, (1, min(n, step)))
     src, dst = open_cached(ctx.A.path), open_cached(path, "r+")
-    r0 = int(getattr(ctx.A, "first_row", 0))
+    r0 = int(getattr(ctx.A, "first_row", 0)) + row
     for c0 in range(0, n, step):
         cols = slice(c0, min(n, c0 + step))
         write_block(dst, slice(0, 1), cols, np.asarray(read_block(src, slice(r0, r0 + 1), cols), dtype=np.float64))
     return path
+
+
+def shift_row(g: np.ndarray, w: np.ndarray) -> int | None:
+    """The row ``j`` to shift the k-fold kernel by where the shift by row 0 rounds the typical row coarser than
+    the shift by ``j`` by more than a factor ``m``; None where row 0 serves.
+
+    ``g = A_s A_s^T`` of ``A_s = A - 1 a_1^T`` rounds relative to ``||a_i - a_1||``; the intercept's problem is
+    the same for any shift, and the row-scaled solves (:mod:`~blocklin.linalg.solve.scaled_kernel`) take the
+    kernel's rounding relative to its rows. ``j`` is the row (of weight ``> 0``) nearest the weighted mean
+    (``||a_j - mu||^2`` from the centered diagonal); the typical row (the median) of
+    ``||a_i - a_1||^2 / ||a_i - a_j||^2``, both read from ``g``, is the factor the shift by row 0 loses.
+    Rows ``1e5`` and ``5e-4`` apart, the large one first: every ``a_i - a_1`` near ``1e5``, the kernel's entries
+    between rows near 1 rounded to ``1e-6`` and the fold scores ``8e-5`` off."""
+    m = g.shape[0]
+    if m < 3:
+        return None
+    diag = np.maximum(np.diag(g).real, 0.0)
+    s = float(w.sum())
+    gw = g @ w
+    centered = diag - 2 * gw.real / s + float((w @ gw).real) / s**2
+    j = int(np.argmin(np.where(w > 0, centered, np.inf)))
+    to_j = diag - 2 * g[:, j].real + diag[j]  # ||a_i - a_j||^2, rounded relative to g
+    keep = np.arange(m) != j
+    floor = np.finfo(np.float64).eps * diag[keep]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = np.where(diag[keep] > 0, diag[keep] / np.maximum(to_j[keep], floor), 0.0)
+    return j if j != 0 and float(np.median(loss)) > m else None
+
+
+def _fold_kernel(ctx: TikhonovRun, g: np.ndarray, w: np.ndarray, ea: int) -> np.ndarray:
+    """The kernel of the k-fold fits with an intercept: ``g`` (shifted by row 0, of ``2^-ea A``) where that shift
+    serves, else ``(A - 1 a_j^T)(A - 1 a_j^T)^T`` of :func:`shift_row`'s ``j`` by one more GEMM pass
+    (:attr:`~blocklin.runtime.tiles.GemmSpec.shift`: its column 0 is ``(A - 1 a_j^T) a_1``, replaced by its row 0,
+    and its ``(0, 0)`` by ``||a_1 - a_j||^2``, ``g``'s ``(j, j)``); ``g`` where that product leaves the range."""
+    import dataclasses
+
+    j = shift_row(g, w)
+    if j is None:
+        return g
+
+    def run() -> dict:
+        job = ctx.job
+        gram = dataclasses.replace(Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64"),
+                                   shift=_first_row_store(ctx, j))
+        plan = gram.plan(job, read_reserve=True)
+        path = job.scratch("gram shifted", gram.shape, np.float64, plan.out_chunks)
+        gram.run(job, plan, path, description=f"Gram matrix A A^T of the rows less row {j} (rows far apart)",
+                 count_pass="a")
+        k = open_zarr(path)[...]
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            k = ldexp(k, -2 * ea)
+        k[1:, 0] = k[0, 1:]
+        k[0, 0] = g[j, j]
+        return {"g": (k + k.T) / 2}
+
+    ctx.phases["shifted gram GEMM"] = ctx.job.device
+    k = ctx.saved.run("wide-gram-shifted", run)["g"]
+    return k if np.all(np.isfinite(k)) else g
 
 
 def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
@@ -159,7 +217,8 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     w = ctx.wvec if ctx.weighted else np.ones(ctx.m)
     S = ctx.total_weight
     if ctx.folds is not None:  # cv=: the folds' fits from A A^T (kfold.wide_choose)
-        ctx.dual_sums = (g, bm.copy(), w)
+        fold_g = _fold_kernel(ctx, g, w, ea) if ctx.intercept and ctx.cdtype == "float64" else g
+        ctx.dual_sums = (fold_g, bm.copy(), w)
     if ctx.intercept:  # P_w (A A^T) P_w^T and P_w b: no means of A needed
         bbar = w @ bm / S
         bm = bm - bbar
