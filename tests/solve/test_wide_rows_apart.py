@@ -1,0 +1,140 @@
+"""Wide ridge solves whose rows are far apart in scale (tests/support/ridge.py's ``rows_apart``: rows of norm
+``1e5`` and ``5e-4`` among rows near 1), the large row first, in the middle and last.
+
+``K = A A^T`` rounds relative to its rows (``|dK_ij| <= n eps ||a_i|| ||a_j||``), its eigen-decomposition
+norm-wise (``m eps e_max``, ``e_max`` near ``1e10``): the bounds here are those of the row-scaled problem,
+``H = D^-1 (K + lam^2 I) D^-1`` with ``D = diag(sqrt(K_ii + lam^2))``, whose Cholesky solve has a forward error
+of about ``(m + n) eps cond(H)`` in ``D y`` (Higham 2002, 10.1), not ``cond(K + lam^2 I)``. With an intercept the
+problem is the bordered ``[[K + lam^2 I, 1], [1^T, 0]] [y; x0] = [b; 0]`` of the rows shifted by any one row
+(the same problem for every shift): the bound takes the shift by the row nearest the mean, scaled the same way.
+
+References: mpmath at 50 digits on the data as given (exact in binary).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.model_selection import KFold
+
+import blocklin as bl
+from support.ridge import EPS64, rows_apart
+
+M, N = 20, 40
+LAMS2 = [1e-8, 1e-2]
+
+
+def _data(where: str) -> tuple[np.ndarray, np.ndarray]:
+    """``rows_apart`` with its large row (row 3) moved first, to the middle or last but one (the small row last)."""
+    a, b = rows_apart(np.random.default_rng(0), M, N)
+    p = np.arange(M)
+    j = {"first": 0, "middle": M // 2, "last": M - 2}[where]
+    p[[3, j]] = p[[j, 3]]
+    return a[p], b[p]
+
+
+def _dual_mp(a: np.ndarray, b: np.ndarray, lam2: float, intercept: bool) -> tuple[np.ndarray, float]:
+    """``(y, x0)`` of the dual ridge problem (bordered with an intercept), in mpmath."""
+    import mpmath as mp
+
+    m = len(a)
+    with mp.workdps(50):
+        am = mp.matrix(a.tolist())
+        k = am * am.T + mp.mpf(lam2) * mp.eye(m)
+        if intercept:
+            big = mp.zeros(m + 1, m + 1)
+            rhs = mp.zeros(m + 1, 1)
+            for i in range(m):
+                for j in range(m):
+                    big[i, j] = k[i, j]
+                big[i, m] = big[m, i] = 1
+                rhs[i] = mp.mpf(float(b[i]))
+            s = mp.lu_solve(big, rhs)
+            return np.array([float(s[i]) for i in range(m)]), float(s[m])
+        y = mp.lu_solve(k, mp.matrix([float(v) for v in b]))
+        return np.array([float(v) for v in y]), 0.0
+
+
+def _x_mp(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    import mpmath as mp
+
+    with mp.workdps(50):
+        x = mp.matrix(a.T.tolist()) * mp.matrix(y.tolist())
+        return np.array([float(v) for v in x])
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("lam2", LAMS2)
+def test_wide_solve_at_one_lambda_rows_apart(where, lam2):
+    """``solve(a, b, lam)`` without an intercept: ``x`` had been ``9e-7`` off (relative) with the large row in the
+    middle or last at both lambdas, no warning; the row-scaled condition is about 1e3 (wide._rows_apart_solves).
+
+    Bound: ``||d(D y)|| <= (m + n) eps cond(H) ||D y||``, reaching ``x = A^T y`` through ``||A^T D^-1||_2``, plus
+    the product's own rounding ``n eps || |A|^T |y| ||`` and the output's ``eps ||x||``."""
+    a, b = _data(where)
+    x = np.asarray(bl.solve(a, b, lam=np.sqrt(lam2))).ravel()
+    y, _ = _dual_mp(a, b, lam2, False)
+    xr = _x_mp(a, y)
+    k = a @ a.T
+    d = np.sqrt(np.diag(k) + lam2)
+    h = k / np.outer(d, d) + np.diag(lam2 / d**2)
+    dz = (M + N) * EPS64 * np.linalg.cond(h) * np.linalg.norm(d * y)
+    bound = np.linalg.norm(a.T / d, 2) * dz + N * EPS64 * np.linalg.norm(np.abs(a).T @ np.abs(y)) \
+        + EPS64 * np.linalg.norm(xr)
+    assert np.linalg.norm(x - xr) <= bound, (np.linalg.norm(x - xr) / np.linalg.norm(xr), bound)
+
+
+def _fold_bound(a, train, test, lam2, y, x0, s):
+    """``||dp||`` of one fold's held-out predictions (see the module docstring): the bordered matrix of the
+    rows shifted by ``s``, scaled by ``D`` and its border by ``c = 1 / ||D^-1 1||``, has forward error
+    ``(m + n) eps cond`` in ``(D y, x0 / c)`` (``x0`` that of the shifted rows), reaching the predictions through ``||K_ht D^-1||_2 + c sqrt(m_h)``,
+    plus the cross kernel's rounding ``n eps |A_h - s| |A_t - s|^T |y|``."""
+    at, ah = a[train] - s, a[test] - s
+    kt = at @ at.T
+    d = np.sqrt(np.diag(kt) + lam2)
+    c = 1.0 / np.linalg.norm(1.0 / d)
+    mt = len(train)
+    big = np.zeros((mt + 1, mt + 1))
+    big[:mt, :mt] = kt / np.outer(d, d) + np.diag(lam2 / d**2)
+    big[:mt, mt] = big[mt, :mt] = c / d
+    z = np.concatenate([d * y, [x0 / c]])
+    dz = (M + N) * EPS64 * np.linalg.cond(big) * np.linalg.norm(z)
+    dp = (np.linalg.norm(ah @ at.T / d, 2) + c * np.sqrt(len(test))) * dz
+    dp += N * EPS64 * np.linalg.norm(np.abs(ah) @ np.abs(at).T @ np.abs(y))
+    return dp
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_wide_kfold_with_intercept_rows_apart(where):
+    """``solve(a, b, lam=("loo", grid), cv=5, fit_intercept=True)``: the fold scores had been ``8e-5`` off with the
+    large row first (the kernel shifted by that row: every row near ``1e5``) and ``6e-6`` with it in the middle (the
+    centered kernel's eigen-decomposition), no warning; scikit-learn's ``RidgeCV`` ``1e-7..1e-6``.
+
+    Reference: each fold's bordered dual fit in mpmath; bound per fold :func:`_fold_bound` with the shift by the
+    row nearest the mean of all rows."""
+    a, b = _data(where)
+    x = bl.solve(a, b, lam=("loo", np.sqrt(LAMS2)), cv=5, fit_intercept=True)
+    got = np.asarray(x.report["curve"]["fold_scores"])  # L x folds
+    s = a[np.argmin(np.linalg.norm(a - a.mean(axis=0), axis=1))]
+    for l, lam2 in enumerate(LAMS2):
+        for f, (train, test) in enumerate(KFold(5).split(a)):
+            y, x0 = _dual_mp(a[train], b[train], lam2, True)
+            pred = _x_mp(a[train], y) @ a[test].T + x0
+            r = b[test] - pred
+            sse, sst = float(r @ r), float(np.sum((b[test] - b[test].mean()) ** 2))
+            dp = _fold_bound(a, train, test, lam2, y, x0 + s @ _x_mp(a[train], y), s)
+            # the sum of squares moves by 2 ||r|| ||dp|| + ||dp||^2, plus its own rounding m eps sse
+            tol = (2 * np.sqrt(sse) * dp + dp**2 + M * EPS64 * sse) / sst
+            assert abs(got[l][f] - (1 - sse / sst)) <= tol, (where, lam2, f, got[l][f], 1 - sse / sst, tol)
+
+
+def test_wide_kfold_intercept_passes():
+    """The kernel shifted again (one more pass over ``a``) only where the shift by row 0 loses the rows near 1:
+    the large row first; in the middle, and well-scaled rows, the two passes of the route."""
+    for where, passes in (("first", 3), ("middle", 2)):
+        a, b = _data(where)
+        assert bl.solve(a, b, lam=("loo", [1e-4, 0.1]), cv=5, fit_intercept=True).report["passes"] == passes
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((M, N)) + 3.0
+    b = a @ rng.standard_normal(N) + 1.0
+    assert bl.solve(a, b, lam=("loo", [1e-4, 0.1]), cv=5, fit_intercept=True).report["passes"] == 2
