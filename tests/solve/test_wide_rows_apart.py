@@ -84,21 +84,51 @@ def test_wide_solve_at_one_lambda_rows_apart(where, lam2):
     assert np.linalg.norm(x - xr) <= bound, (np.linalg.norm(x - xr) / np.linalg.norm(xr), bound)
 
 
-def _fold_bound(a, train, test, lam2, y, x0, s):
-    """``||dp||`` of one fold's held-out predictions (see the module docstring): the bordered matrix of the
-    rows shifted by ``s``, scaled by ``D`` and its border by ``c = 1 / ||D^-1 1||``, has forward error
-    ``(m + n) eps cond`` in ``(D y, x0 / c)`` (``x0`` that of the shifted rows), reaching the predictions through ``||K_ht D^-1||_2 + c sqrt(m_h)``,
-    plus the cross kernel's rounding ``n eps |A_h - s| |A_t - s|^T |y|``."""
-    at, ah = a[train] - s, a[test] - s
+def _bordered_bound(at, lam2, y, x0):
+    """``(dz, c, d)``: the forward error of ``(D y, x0 / c)`` of the bordered dual problem of the (shifted) rows
+    ``at``, scaled by ``D = diag(sqrt(K_ii + lam^2))`` and its border by ``c = 1 / ||D^-1 1||``: ``(m + n) eps``
+    times its condition (Higham 2002, 10.1, with the kernel's rounding relative to its rows)."""
     kt = at @ at.T
     d = np.sqrt(np.diag(kt) + lam2)
     c = 1.0 / np.linalg.norm(1.0 / d)
-    mt = len(train)
+    mt = len(at)
     big = np.zeros((mt + 1, mt + 1))
     big[:mt, :mt] = kt / np.outer(d, d) + np.diag(lam2 / d**2)
     big[:mt, mt] = big[mt, :mt] = c / d
     z = np.concatenate([d * y, [x0 / c]])
-    dz = (M + N) * EPS64 * np.linalg.cond(big) * np.linalg.norm(z)
+    return (M + N) * EPS64 * np.linalg.cond(big) * np.linalg.norm(z), c, d
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+@pytest.mark.parametrize("lam2", LAMS2)
+def test_wide_solve_at_one_lambda_with_intercept_rows_apart(where, lam2):
+    """``solve(a, b, lam, fit_intercept=True)`` with the large row after row 0: ``x`` had been ``1e-5`` off and the
+    intercept ``1e-2`` (relative; warned by the norm-wise bound), now from the bordered row-scaled solve
+    (wide._bordered_solves). The large row first stays open (the shift by row 0 loses the other rows; warned).
+
+    Bound: :func:`_bordered_bound` of the rows less row 0 (the route's shift), reaching ``x = A_s^T D y`` through
+    ``||A_s^T D^-1||_2`` plus the product's rounding ``(m + 1) eps || |A_s|^T |y| ||``; the intercept
+    ``x0 = x0_s - a_1^T x`` through ``c`` and ``||a_1|| ||dx||`` plus ``n eps |a_1|^T |x|``."""
+    a, b = _data(where)
+    got = bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True)
+    x, icpt = np.asarray(got).ravel(), float(np.ravel(got.intercept)[0])
+    y, x0 = _dual_mp(a, b, lam2, True)
+    xr = _x_mp(a, y)
+    at = a - a[0]
+    dz, c, d = _bordered_bound(at, lam2, y, x0 + a[0] @ xr)
+    dx = np.linalg.norm(at.T / d, 2) * dz + (M + 1) * EPS64 * np.linalg.norm(np.abs(at).T @ np.abs(y)) \
+        + EPS64 * np.linalg.norm(xr)
+    assert np.linalg.norm(x - xr) <= dx, (np.linalg.norm(x - xr) / np.linalg.norm(xr), dx)
+    di = c * dz + np.linalg.norm(a[0]) * dx + N * EPS64 * (np.abs(a[0]) @ np.abs(xr) + abs(x0))
+    assert abs(icpt - x0) <= di, (abs(icpt - x0) / abs(x0), di)
+
+
+def _fold_bound(a, train, test, lam2, y, x0, s):
+    """``||dp||`` of one fold's held-out predictions: :func:`_bordered_bound` of the training rows shifted by
+    ``s`` (``x0`` that of the shifted rows), reaching the predictions through ``||K_ht D^-1||_2 + c sqrt(m_h)``,
+    plus the cross kernel's rounding ``n eps |A_h - s| |A_t - s|^T |y|``."""
+    at, ah = a[train] - s, a[test] - s
+    dz, c, d = _bordered_bound(at, lam2, y, x0)
     dp = (np.linalg.norm(ah @ at.T / d, 2) + c * np.sqrt(len(test))) * dz
     dp += N * EPS64 * np.linalg.norm(np.abs(ah) @ np.abs(at).T @ np.abs(y))
     return dp
