@@ -168,3 +168,12 @@ def test_wide_kfold_intercept_passes():
     a = rng.standard_normal((M, N)) + 3.0
     b = a @ rng.standard_normal(N) + 1.0
     assert bl.solve(a, b, lam=("loo", [1e-4, 0.1]), cv=5, fit_intercept=True).report["passes"] == 2
+
+
+@pytest.mark.parametrize("lam2", LAMS2)
+def test_wide_solve_with_intercept_large_row_first_warned(lam2):
+    """The large row first at one lambda with an intercept (open: the kernel and the product less row 0 have lost
+    the other rows; ``x`` about ``5e-4`` off): not solved again from that kernel, and warned."""
+    a, b = _data("first")
+    with pytest.warns(bl.errors.IllConditionedWarning):
+        bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True)
