@@ -175,6 +175,16 @@ class SparseMatrix:
 
     __hash__ = object.__hash__  # a handle stays a dictionary key by identity, as before
 
+    def __bool__(self) -> bool:
+        """NumPy's truth value, as :meth:`blocklin.Matrix.__bool__`: that of the one entry of a 1 x 1 matrix,
+        refused for more (``if S:`` had been ``True`` whatever ``S`` held, a 1 x 1 of a zero included)."""
+        m, n = self.shape
+        if m * n > 1:  # more than one entry: nothing is read to refuse it
+            raise ParameterError(explain(
+                "S", "must hold one entry to have a truth value (NumPy's rule: more are ambiguous)",
+                f"a {m} x {n} sparse matrix", "use S.nnz, np.any(S) or np.all(S)"))
+        return bool(self.toarray())
+
     def __matmul__(self, other: Any) -> Any:
         return np.matmul(self, other)
 

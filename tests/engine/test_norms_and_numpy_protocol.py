@@ -594,11 +594,16 @@ def test_numpy_writes_into_a_stored_matrix_are_refused(tmp_path, call, sparse):
     assert np.array_equal(y, x)
 
 
-def test_truth_value_of_a_matrix_is_numpys(tmp_path):
+@pytest.mark.parametrize("sparse", [False, True])
+def test_truth_value_of_a_matrix_is_numpys(tmp_path, sparse):
     """``bool(M)`` (``if M:``) is NumPy's: the entry of a 1 x 1 matrix, refused for more entries (NumPy's
-    ``ValueError``: ambiguous) and for none (NumPy 2's rule); it had been ``True`` whatever ``M`` held."""
-    for x in (np.zeros((1, 1)), np.ones((1, 1)), np.zeros((2, 3)), np.zeros((0, 3))):
-        M = bl.from_array(x, tmp_path / f"m{x.shape}{x.sum()}.zarr")
+    ``ValueError``: ambiguous) and for none (NumPy 2's rule); it had been ``True`` whatever ``M`` held, a stored
+    sparse matrix's too."""
+    import scipy.sparse
+
+    for x in (np.zeros((1, 1)), np.ones((1, 1)), np.zeros((2, 3)), np.eye(2), np.zeros((0, 3))):
+        path = tmp_path / f"m{x.shape}{x.sum()}.zarr"
+        M = bl.from_sparse(scipy.sparse.csr_matrix(x), path) if sparse else bl.from_array(x, path)
         try:
             want = bool(x)
         except ValueError:
