@@ -122,3 +122,30 @@ def test_a_sparse_export_that_meets_a_full_disk_names_the_file(tmp_path, name):
         message = describe_os_error(info.value)
         assert message is not None and str(full / name) in message and "Fix: free space" in message, info.value
         assert os.listdir(full) == [] and leftovers(tmp_path, full) == []
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_an_npy_export_whose_writes_come_back_short_writes_every_byte(tmp_path, monkeypatch, order):
+    """``write`` may write part of its bytes and return the count (a disk that fills mid-write, a signal); the
+    ``.npy`` header had been written by one ``os.write`` whose count was ignored, so a short write left a file
+    with part of its header (``np.load`` refused it, or read the data from the wrong offset)."""
+    a = np.random.default_rng(2).standard_normal((40, 30))
+    write_zarr(tmp_path / "a.zarr", a, (16, 16))
+    real_write = os.write
+    calls = []
+
+    def short_write(fd, data):  # at most 7 bytes a call, as a file system may answer
+        calls.append(len(data))
+        return real_write(fd, bytes(memoryview(data)[:7]))
+
+    def short_pwritev(fd, buffers, offset):
+        calls.append(sum(len(b) for b in buffers))
+        return os.pwrite(fd, bytes(memoryview(buffers[0]).cast("B")[:7]), offset)
+
+    monkeypatch.setattr(os, "write", short_write)
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
+    blocklin.convert(str(tmp_path / "a.zarr"), str(tmp_path / "a.npy"), out_order=order, memory="8MiB")
+    monkeypatch.undo()
+    assert calls  # the writes went through the short ones
+    assert np.array_equal(np.load(tmp_path / "a.npy"), a)
+    assert np.load(tmp_path / "a.npy").flags.f_contiguous == (order == "F")

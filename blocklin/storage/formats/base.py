@@ -8,6 +8,7 @@ bounded-memory copy in :mod:`blocklin.storage.convert` can drive any pair of the
 from __future__ import annotations
 
 import abc
+import errno
 import os
 import shlex
 import uuid
@@ -307,11 +308,15 @@ def pread_into(fd: int, buf: np.ndarray, offset: int) -> int:
 
 
 def pwrite_from(fd: int, buf: np.ndarray, offset: int) -> int:
-    """Write the contiguous ``buf`` to ``fd`` at ``offset`` (looping over short writes)."""
+    """Write the contiguous ``buf`` to ``fd`` at ``offset`` (looping over short writes: a disk that fills part
+    way returns a short count, and the next write raises its ``OSError``)."""
     view = memoryview(buf.reshape(-1).view(np.uint8)) if buf.size else memoryview(b"")
     done, total = 0, len(view)
     while done < total:
-        done += os.pwritev(fd, [view[done:done + (1 << 30)]], offset + done)
+        n = os.pwritev(fd, [view[done:done + (1 << 30)]], offset + done)
+        if not n:  # pragma: no cover - a regular file's write returns > 0 or raises
+            raise OSError(errno.EIO, "write wrote nothing", None)
+        done += n
     return total
 
 

@@ -139,7 +139,7 @@ class DenseFileWriter(Writer):
         self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token, kind=self.format)
         self._fd = os.open(self._atomic.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(self._fd, header)
+            pwrite_from(self._fd, np.frombuffer(header, np.uint8), 0)  # loops over a short write (a filling disk)
             self.offset = len(header)
             os.ftruncate(self._fd, self.offset + nbytes(self.shape, self.dtype))
         except BaseException:
