@@ -15,6 +15,7 @@ Bounds, per quantity (``u = eps / 2``; Higham, *Accuracy and Stability*, 2nd ed.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -696,18 +697,22 @@ def test_numpy_solve_of_two_precisions_is_numpys(tmp_path, da, db, stored_b):
         bl.solve(A, B)
 
 
-@pytest.mark.parametrize("da,db", [(np.float32, np.float64), (np.float64, np.float32), (np.float32, np.complex128)])
+@pytest.mark.parametrize("da,db", [(np.float32, np.float64), (np.float64, np.float32), (np.float32, np.complex128),
+                                   (np.float32, np.int64), (np.int64, np.float32)])
 def test_numpy_lstsq_of_two_precisions_is_computed_in_numpys_dtype(tmp_path, da, db):
     """``np.linalg.lstsq(M, b)`` of a float32 ``M`` and a float64 ``b`` returned float64 arrays computed by a
     float32 SVD (relative error ~1e-7 where NumPy's is ~1e-16). NumPy solves in the promoted dtype; so does
-    the protocol now. Bound: the least-squares forward error of a backward-stable solve in that dtype,
+    the protocol now, integers counting as the float64 NumPy casts them to (float32 with an integer ``b`` had
+    still been a float32 SVD in a float64 result). Bound: the least-squares forward error of a backward-stable solve in that dtype,
     ``c n eps (kappa + kappa^2 ||r|| / (||A|| ||x||))`` (Higham, Thm 20.1), with ``c = 8`` as assert_solve."""
     rng = np.random.default_rng(7)
     m, n = 60, 8
-    a = rng.standard_normal((m, n)).astype(da)
-    b = rng.standard_normal((m, 2)).astype(db)
+    a = (4 * rng.standard_normal((m, n))).astype(da)  # integers of a few values: of full rank still
+    b = (4 * rng.standard_normal((m, 2))).astype(db)
     A = bl.from_array(a, tmp_path / "a.zarr")
-    x, res, rank, s = np.linalg.lstsq(A, b, rcond=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bl.errors.BlocklinWarning)  # computed in NumPy's dtype: nothing to say
+        x, res, rank, s = np.linalg.lstsq(A, b, rcond=None)
     want = np.linalg.lstsq(a, b, rcond=None)
     assert (x.dtype, res.dtype, s.dtype, rank) == (want[0].dtype, want[1].dtype, want[3].dtype, want[2])
     a64 = a.astype(np.complex128)

@@ -92,8 +92,10 @@ def _linalg_promoted(a: Any, b: Any) -> Any:
     ``complex128``: complex128), else ``None`` (blocklin's own solve takes one dtype, or a real and a
     complex one of one precision). NumPy casts both operands up and solves in that dtype; so must a
     ``Matrix`` met through NumPy's API, whose code has no ``dtype=`` to pass."""
-    da, db = _dtype_of(a), _dtype_of(b)
-    if da.kind not in "fc" or db.kind not in "fc":  # integers: blocklin casts them to float64 as NumPy does
+    # integers count as the float64 NumPy casts them to (blocklin casts them alike): float32 with integers is
+    # float64 in NumPy, which had been computed in float32 and returned as float64
+    da, db = (np.dtype(np.float64) if d.kind in "iub" else d for d in (_dtype_of(a), _dtype_of(b)))
+    if da.kind not in "fc" or db.kind not in "fc":
         return None
     out = np.result_type(da, db)
     same_precision = np.finfo(da).dtype == np.finfo(db).dtype

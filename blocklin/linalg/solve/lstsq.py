@@ -9,12 +9,13 @@ singular values above ``rcond * s_1``: the truncated-SVD solution LAPACK's ``xGE
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Unpack
 
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ParameterError, ShapeError, explain
+from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, scaled_columns
 from blocklin.linalg.labels import check_rows, is_dataarray
 from blocklin.linalg.lowrank.svd import svd
@@ -127,6 +128,8 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
             raise ShapeError(explain("b", f"must have m = {m} rows (A is {m} x {n})", f"shape {np.asarray(b).shape}",
                                      f"pass a right-hand side of length {m}"))
         dtype = np.result_type(s.dtype, bb.dtype if bb.dtype.kind == "f" else np.float64)
+        if np.finfo(dtype).eps < np.finfo(s.dtype).eps:
+            _warn_narrow(s.dtype, bb.dtype, dtype)
         bb = bb.astype(np.float64)
         cut = rank_cut(s, m, n, rcond, s.dtype)
         keep = s > cut
@@ -175,6 +178,21 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     x = x.astype(dtype)
     # s in the real dtype of the result, as NumPy returns it (float32 a with a float64 b: float64 s)
     return LstsqResult(x[:, 0] if vector else x, residuals, rank, s.astype(np.finfo(dtype).dtype), report)
+
+
+def _warn_narrow(computed: np.dtype, bdt: np.dtype, dtype: np.dtype) -> None:
+    """A result in a wider dtype than the SVD ran in (float32 ``A``, float64 ``b``: NumPy's result dtype) carries
+    the narrower one's accuracy; blocklin upcasts no stored input unasked (as :func:`blocklin.solve`, which refuses
+    the mix), so it says so rather than return float64 numbers of float32's accuracy without a word."""
+    warnings.warn(explain(
+        "a", f"is computed in its own dtype ({np.dtype(computed).name}: the SVD, the rank and x carry its accuracy, "
+        f"about {np.finfo(computed).eps:.0e} times the condition number), though the result is "
+        f"{np.dtype(dtype).name} (NumPy's dtype for b: {np.dtype(bdt).name})",
+        f"a: {np.dtype(computed).name}, b: {np.dtype(bdt).name}",
+        f"for {np.dtype(dtype).name} accuracy pass a in {np.dtype(dtype).name} (a.astype(np.{np.dtype(dtype).name}); a "
+        f"stored a: blocklin convert IN OUT.zarr --dtype {np.dtype(dtype).name}), or call np.linalg.lstsq(M, b), "
+        "which upcasts a stored M to a temporary copy; for the narrow dtype's result pass b in it"),
+        BlocklinWarning, stacklevel=3)
 
 
 def _empty(shape: tuple, bb: np.ndarray, vector: bool, adt: np.dtype) -> LstsqResult:
