@@ -15,6 +15,7 @@ Bounds, per quantity (``u = eps / 2``; Higham, *Accuracy and Stability*, 2nd ed.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import numpy as np
@@ -723,3 +724,38 @@ def test_numpy_lstsq_of_two_precisions_is_computed_in_numpys_dtype(tmp_path, da,
     assert np.linalg.norm(x - want[0]) <= bound * np.linalg.norm(want[0])
     assert np.abs(s - want[3]).max() <= 4 * m * e * want[3][0]  # singular values: ||E||_2 bound (Weyl)
     assert not [p for p in tmp_path.rglob("blocklin-upcast-*")]
+
+
+@pytest.mark.parametrize("call", ["solve", "lstsq"])
+def test_numpy_upcast_copy_is_checked_against_the_temp_dirs_space_first(tmp_path, monkeypatch, call):
+    """The float64 copy of a stored float32 operand that ``np.linalg.solve``/``lstsq`` of two precisions makes
+    under the temp dir is checked against its free space before anything is written, as every temporary store
+    is, and the refusal names the temp dir, the copy and the fixes (converting the operand once among them).
+    The copy's own check had named its work folder, which is removed with the error, and no conversion."""
+    import shutil
+
+    import blocklin.storage.convert
+    from blocklin.config import get_config
+    from blocklin.storage import space
+
+    rng = np.random.default_rng(8)
+    n = 30
+    a = (rng.standard_normal((n, n)) + n * np.eye(n)).astype(np.float32)
+    A = bl.from_array(a, tmp_path / "a.zarr")
+    real = shutil.disk_usage
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("the copy was started before its space was checked")
+
+    monkeypatch.setattr(blocklin.storage.convert, "convert", no_copy)
+    temp = os.path.abspath(str(get_config().temp_dir))
+    with pytest.raises(bl.errors.DiskSpaceError) as info:
+        getattr(np.linalg, call)(A, rng.standard_normal(n))
+    message = str(info.value)
+    assert message.startswith("a's float64 copy (NumPy's promotion of float32 a) in the temp dir: must fit the free "
+                              "space of its destination; got 7.03 KiB (30 x 30 float64 of "), message
+    assert f"Fix: free space in {temp}, or point the temp dir at a larger disk" in message, message
+    assert message.endswith(f"or convert a once and pass the copy (blocklin convert {A.path} OUT.zarr --dtype "
+                            "float64)"), message
+    assert not [p for p in os.listdir(temp) if p.startswith("blocklin-upcast-")]

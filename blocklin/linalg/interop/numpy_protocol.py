@@ -107,9 +107,10 @@ def _dtype_of(x: Any) -> np.dtype:
     return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
 
 
-def _upcast(x: Any, dtype: np.dtype, stack: contextlib.ExitStack) -> Any:
-    """``x`` in ``dtype`` (an exact widening): an array cast, a stored ``Matrix`` copied to a
-    temporary store under the temp dir, removed when ``stack`` closes (the input is never touched)."""
+def _upcast(x: Any, dtype: np.dtype, stack: contextlib.ExitStack, name: str) -> Any:
+    """``x`` (the operand ``name``) in ``dtype`` (an exact widening): an array cast, a stored ``Matrix`` copied
+    to a temporary store under the temp dir, removed when ``stack`` closes (the input is never touched); the
+    copy is checked against the temp dir's free space first, as every temporary store is."""
     if _dtype_of(x) == dtype:
         return x
     if not isinstance(x, Matrix):  # a Dask or xarray operand casts lazily, as it is read; a list is loaded
@@ -117,11 +118,30 @@ def _upcast(x: Any, dtype: np.dtype, stack: contextlib.ExitStack) -> Any:
     from blocklin.config import get_config
     from blocklin.storage.convert import convert
 
-    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="blocklin-upcast-",
-                                                             dir=_local_temp_dir(get_config())))
+    root = _local_temp_dir(get_config())
+    _check_upcast_space(x, dtype, root or tempfile.gettempdir(), name)
+    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="blocklin-upcast-", dir=root))
     out = os.path.join(folder, "operand.zarr")
     convert(x.path, out, dtype=dtype, storage_options=x.location.storage_options or None)
     return Matrix(out)
+
+
+def _check_upcast_space(x: Matrix, dtype: np.dtype, root: str, name: str) -> None:
+    """Refuse, before anything is written, an upcast copy of ``x`` that the free space of the temp dir ``root``
+    cannot hold: the message names the temp dir (not the work folder, removed with the error), the copy and
+    the fixes, converting the operand once among them."""
+    from blocklin.errors import DiskSpaceError
+    from blocklin.storage.space import check_space
+    from blocklin.storage.zarr_store import array_file_bytes
+
+    m, n = x.shape if len(x.shape) == 2 else (x.shape[0], 1)
+    try:
+        check_space(os.path.join(root, "blocklin-upcast-operand.zarr"), array_file_bytes(x.shape, x.chunks, dtype),
+                    f"{name}'s {np.dtype(dtype).name} copy (NumPy's promotion of {x.dtype.name} {name})",
+                    f"{m} x {n} {np.dtype(dtype).name} of {x.path}")
+    except DiskSpaceError as exc:
+        raise DiskSpaceError(f"{exc}; or convert {name} once and pass the copy (blocklin convert {x.path} "
+                             f"OUT.zarr --dtype {np.dtype(dtype).name})") from None
 
 
 def _local_temp_dir(cfg: Any) -> Any:
@@ -145,7 +165,7 @@ def solve(a: Any, b: Any) -> Any:
     if dtype is None:
         return _vector_result(bl_solve(a, b), b)
     with contextlib.ExitStack() as stack:
-        x = bl_solve(_upcast(a, dtype, stack), _upcast(b, dtype, stack))
+        x = bl_solve(_upcast(a, dtype, stack, "a"), _upcast(b, dtype, stack, "b"))
         return _vector_result(x, b)
 
 
@@ -192,7 +212,7 @@ def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
     if dtype is None:
         return bl_lstsq(a, b, rcond=rcond)
     with contextlib.ExitStack() as stack:  # the SVD of float32 A had been float32's, in a float64 result
-        return bl_lstsq(_upcast(a, dtype, stack), _upcast(b, dtype, stack), rcond=rcond)
+        return bl_lstsq(_upcast(a, dtype, stack, "a"), _upcast(b, dtype, stack, "b"), rcond=rcond)
 
 
 def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A002
