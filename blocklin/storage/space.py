@@ -75,8 +75,11 @@ def _under_temp_dir(path: str) -> bool:
         return False
     root = os.path.realpath(temp).rstrip(os.sep) + os.sep
     real = os.path.realpath(path)
-    # blocklin's work folders there (blocklin-OPERATION-TOKEN), not any file a user keeps under /tmp
-    return real.startswith(root) and real[len(root):].startswith("blocklin-")
+    # blocklin's work folders there (blocklin-OPERATION-TOKEN, or the partial folder of a temporary result being
+    # written, .blocklin-OPERATION-TOKEN.zarr.partial-TOKEN), not any file a user keeps under /tmp
+    first = real[len(root):].split(os.sep, 1)[0]
+    match = _PARTIAL.match(first)
+    return real.startswith(root) and (match.group(1) if match else first).startswith("blocklin-")
 
 
 def _fix(path: str, folder: str, need: str = "free space in {folder}", where: str = "a larger disk") -> str:
@@ -182,6 +185,35 @@ def raise_naming(exc: BaseException, path: str | None) -> NoReturn:
     raise named from exc
 
 
+@contextlib.contextmanager
+def named_as_output(output: Any, what: str) -> Iterator[None]:
+    """Run an operation's writes into its partial output ``output`` (a :class:`~blocklin.storage.location.Location`
+    or path): an ``OSError`` of a write anywhere in it (the operation's internal work store kept there, ``what``,
+    or a chunk of the result) is raised again naming ``output`` itself, the one path the user named and can act
+    on (free space there, or write elsewhere: :func:`describe_os_error`), the internal file kept as its cause."""
+    try:
+        yield
+    except OSError as exc:
+        root = _local(output)
+        name = os.fspath(exc.filename) if exc.filename is not None else None
+        if root is None or name is None or exc.errno is None or os.path.abspath(name) == root \
+                or not os.path.abspath(name).startswith(root + os.sep):
+            raise
+        shown = _final_name(root)
+        raise OSError(exc.errno, f"{exc.strerror} (writing {what} inside {shown}, which needs the room until the "
+                                 "result is committed)", root) from exc
+
+
+def _local(path: Any) -> str | None:
+    """``path`` (a path or Location) as an absolute local path, or None for an object store."""
+    if path is None or getattr(path, "is_local", True) is False:
+        return None
+    local = os.fspath(getattr(path, "url", path))
+    if "://" in local and not local.startswith("file://"):
+        return None
+    return os.path.abspath(local[len("file://"):] if local.startswith("file://") else local)
+
+
 def make_temp_folder(path: str) -> None:
     """Create a work folder under the temp dir; an unusable temp dir is a :class:`TempDirError`
     naming the folder, the setting and the fix."""
@@ -229,7 +261,8 @@ def describe_os_error(exc: OSError) -> str | None:
                    f"({type(exc).__name__} errno {exc.errno})", fix)
 
 
-__all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder", "naming", "raise_naming"]
+__all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder", "named_as_output", "naming",
+           "raise_naming"]
 
 
 def folder_size(path: str) -> int:

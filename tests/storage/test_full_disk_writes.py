@@ -149,3 +149,49 @@ def test_an_npy_export_whose_writes_come_back_short_writes_every_byte(tmp_path, 
     assert calls  # the writes went through the short ones
     assert np.array_equal(np.load(tmp_path / "a.npy"), a)
     assert np.load(tmp_path / "a.npy").flags.f_contiguous == (order == "F")
+
+
+@pytest.mark.parametrize("call", ["lu", "qr-tiled", "qr-tiles"])
+@pytest.mark.parametrize("where", ["out", "temp dir"])
+def test_a_factorization_that_meets_a_full_disk_names_its_output_not_its_work_store(tmp_path, monkeypatch, call,
+                                                                                     where):
+    """LU and QR keep their work stores inside the output's partial folder; a full disk met while writing them
+    had been reported naming the work store's chunk (``R.zarr/.blocklin-done/qr-work.zarr/c/0/1``), a path that
+    is gone once the run fails and no setting names. It names the output now (or, for a temporary result, the
+    temp dir), with the fix: free space there or write elsewhere."""
+    import shutil
+
+    from blocklin.config import configure, get_config
+    from blocklin.storage import space
+
+    a = np.random.default_rng(3).standard_normal((200, 200))
+    write_zarr(tmp_path / "a.zarr", a, (50, 50))
+    full = tmp_path / "full"
+    with small_tmpfs(full, "400k"):
+        real = shutil.disk_usage  # the up-front check sees room that is gone by the time of the writes
+        monkeypatch.setattr(space.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 40))
+        old = get_config().temp_dir
+        out = str(full / "F.zarr") if where == "out" else None
+        if where == "temp dir":
+            configure(temp_dir=str(full))
+        try:
+            with pytest.raises(OSError) as info:
+                if call == "lu":
+                    blocklin.lu(str(tmp_path / "a.zarr"), out, memory="1MiB", tile=50)
+                else:
+                    blocklin.qr(str(tmp_path / "a.zarr"), out, method=call[3:], memory="1MiB", tile=50)
+            message = describe_os_error(info.value)
+        finally:
+            configure(temp_dir=old)
+        assert info.value.errno == errno.ENOSPC
+        assert message is not None and "work.zarr" not in message and ".blocklin-done" not in message, message
+        if where == "out":
+            assert message.startswith(f"out: must be writable with room for the job's data; got {full / 'F.zarr'}: "
+                                       "no space left"), message
+            assert message.endswith(f"Fix: free space in {full}, or write the output to a larger disk "
+                                    "(another -o/out= path)"), message
+        else:
+            assert message.startswith(f"temp dir: must be writable with room for the job's data; got {full}"), message
+            assert f"Fix: free space in {full}, or point the temp dir at a larger disk" in message, message
+        assert "work store" in str(info.value)  # the raw error says what was being written
+        assert leftovers(tmp_path, full) == []

@@ -21,6 +21,7 @@ from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.backend import backend
+from blocklin.storage.space import named_as_output
 from blocklin.storage.zarr_store import create_array, open_zarr
 from blocklin.validate import float_operand, square
 
@@ -112,11 +113,14 @@ def _factor(a: Any, out: Any, overwrite: bool, resume: bool, explain: bool, tile
         token = resume_token("lu", [A], plan.to_dict(), plan_settings(job))
         ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token,
                        size=((m, 2 * n), dt))  # the factor and its work store beside it
-        if ao.resumed and ao.has_array():
-            open_zarr(ao.array_path(), mode="r+")
-        else:
-            create_array(ao.array_path(), shape=(m, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
-        f = factor_lu_into(job, A, ao.array_path(), plan, done_dir=ao.done)
+        # a full disk names the output the user can move, not the work store inside its partial folder
+        with named_as_output(ao.partial, f"lu's work store ({m} x {n} {dt.name}) beside the factor"):
+            if ao.resumed and ao.has_array():
+                open_zarr(ao.array_path(), mode="r+")
+            else:
+                create_array(ao.array_path(), shape=(m, n), dtype=dt, chunks=(plan.tile, plan.tile),
+                             codec=job.cfg.codec)
+            f = factor_lu_into(job, A, ao.array_path(), plan, done_dir=ao.done)
         pivots, max_a, max_u, min_pivot = f.pivots, f.max_a, f.max_u, f.min_pivot
         if not math.isfinite(max_a):  # check_finite=False: NaN or Inf data, which had been called a zero pivot
             warn(f"lu: A holds {'NaN' if math.isnan(max_a) else 'Inf'} (check_finite=False skipped the check): the "

@@ -35,6 +35,7 @@ from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import check_finite
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.backend import backend
+from blocklin.storage.space import named_as_output
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import choice, float_operand, not_empty, size
 
@@ -286,18 +287,21 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
     ao, qo = _outputs(job, A, "qr", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=resume,
                       size=((n + m, n), dt))
     work = (ao.done / "qr-work.zarr").with_pending(False)  # dropped with the markers at commit
-    if not backend(work).exists("zarr.json"):
-        # panels are read whole (rows k t : m): chunks of about 8 MiB down the column, not t x t
-        rows = max(t, min(m, (8 * 2**20) // (t * dt.itemsize) // t * t))
-        create_array(work, shape=(m, n), dtype=dt, chunks=(rows, t), codec=job.cfg.codec)
-    for o, shape in ((ao, (n, n)), (qo, (m, n))):
-        if o is not None and not (o.resumed and o.has_array()):  # interrupted before creating it: create it
-            create_array(o.array_path(), shape=shape, dtype=dt, chunks=(t, t), codec=job.cfg.codec)
-    ops = BlockOps(job, t)
-    ops.workers = 1
-    results = qr_panels(ops, Region.of(A.path, A.shape), work, dtype=dt, done_dir=ao.done, check=job.check_finite)
-    signs = np.concatenate([r["signs"] for r in results]) if n else np.ones(0)
-    qr_extract_r(ops, work, ao.array_path(), m, n, dtype=dt, signs=signs)
+    # a full disk names the output the user can move, not the work store inside its partial folder
+    with named_as_output(ao.partial, f"qr's Householder work store ({m} x {n} {dt.name}) beside R"):
+        if not backend(work).exists("zarr.json"):
+            # panels are read whole (rows k t : m): chunks of about 8 MiB down the column, not t x t
+            rows = max(t, min(m, (8 * 2**20) // (t * dt.itemsize) // t * t))
+            create_array(work, shape=(m, n), dtype=dt, chunks=(rows, t), codec=job.cfg.codec)
+        for o, shape in ((ao, (n, n)), (qo, (m, n))):
+            if o is not None and not (o.resumed and o.has_array()):  # interrupted before creating it: create it
+                create_array(o.array_path(), shape=shape, dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+        ops = BlockOps(job, t)
+        ops.workers = 1
+        results = qr_panels(ops, Region.of(A.path, A.shape), work, dtype=dt, done_dir=ao.done,
+                            check=job.check_finite)
+        signs = np.concatenate([r["signs"] for r in results]) if n else np.ones(0)
+        qr_extract_r(ops, work, ao.array_path(), m, n, dtype=dt, signs=signs)
     if qo is not None:
         qr_form_q(ops, work, qo.array_path(), m, n, dtype=dt, done_dir=ao.done, signs=signs)
     diag = [(r["min_r"], r["max_r"]) for r in results]
@@ -313,18 +317,21 @@ def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, o
     # R and, in its partial folder, the work stores (three m x n, the T tiles and four tile rows)
     ao, qo = _outputs(job, A, "qr-tiles", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=resume,
                       size=((3 * m + 5 * t + plan.row_tiles * plan.inner_block + n, n), dt))
-    stores = tile_qr_stores(ao.done, m, n, t, plan.inner_block, dt, job.cfg.codec)
-    if not (ao.resumed and ao.has_array()):
-        create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
-    if qo is not None and not (qo.resumed and qo.has_array()):
-        create_array(qo.array_path(), shape=(m, n), dtype=dt, chunks=(min(t, m), plan.q_width), codec=job.cfg.codec)
-    ops = BlockOps(job, t)
-    ops.workers = 1
-    results = tile_qr(ops, Region.of(A.path, A.shape), stores, dtype=dt, inner=plan.inner_block, done_dir=ao.done,
-                      check=job.check_finite)
-    diag = sorted((r for r in results if "col" in r), key=lambda r: r["col"])
-    signs = np.concatenate([r["signs"] for r in diag]) if n else np.ones(0)
-    qr_extract_r(ops, stores["packed"], ao.array_path(), m, n, dtype=dt, signs=signs)
+    # a full disk names the output the user can move, not the work stores inside its partial folder
+    with named_as_output(ao.partial, f"qr's tile work stores (three {m} x {n} {dt.name}) beside R"):
+        stores = tile_qr_stores(ao.done, m, n, t, plan.inner_block, dt, job.cfg.codec)
+        if not (ao.resumed and ao.has_array()):
+            create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+        if qo is not None and not (qo.resumed and qo.has_array()):
+            create_array(qo.array_path(), shape=(m, n), dtype=dt, chunks=(min(t, m), plan.q_width),
+                         codec=job.cfg.codec)
+        ops = BlockOps(job, t)
+        ops.workers = 1
+        results = tile_qr(ops, Region.of(A.path, A.shape), stores, dtype=dt, inner=plan.inner_block,
+                          done_dir=ao.done, check=job.check_finite)
+        diag = sorted((r for r in results if "col" in r), key=lambda r: r["col"])
+        signs = np.concatenate([r["signs"] for r in diag]) if n else np.ones(0)
+        qr_extract_r(ops, stores["packed"], ao.array_path(), m, n, dtype=dt, signs=signs)
     if qo is not None:
         tile_qr_form_q(ops, stores, qo.array_path(), m, n, dtype=dt, inner=plan.inner_block, width=plan.q_width,
                        done_dir=ao.done, signs=signs)
