@@ -759,3 +759,46 @@ def test_numpy_upcast_copy_is_checked_against_the_temp_dirs_space_first(tmp_path
     assert message.endswith(f"or convert a once and pass the copy (blocklin convert {A.path} OUT.zarr --dtype "
                             "float64)"), message
     assert not [p for p in os.listdir(temp) if p.startswith("blocklin-upcast-")]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+def test_numpy_svd_hermitian_is_checked_not_ignored(tmp_path, dtype):
+    """``np.linalg.svd(M, hermitian=True)`` had been accepted and ignored. NumPy's ``hermitian=True`` takes the
+    SVD from ``eigh`` of one triangle, so a non-Hermitian input gets another matrix's SVD (singular values 0.5
+    off for a 60 x 60 Gaussian); blocklin now checks the promise, one pass over the tiles against their mirror
+    tiles, and refuses a broken one naming the asymmetry. A Hermitian ``M`` (formed in floating point, so with
+    rounding in its asymmetry) gets its SVD, NumPy's singular values to the Weyl bound of two SVDs
+    (support.tolerances.assert_singular_values) and ``U S V^H = M`` to ``8 n eps ||M||_F``."""
+    from support.tolerances import assert_singular_values
+
+    rng = np.random.default_rng(11)
+    n = 60
+    b = rng.standard_normal((n, n)) + (1j * rng.standard_normal((n, n)) if dtype == np.complex128 else 0)
+    h = (b @ b.conj().T - 30 * np.eye(n)).astype(dtype)  # indefinite
+    upper = np.triu_indices(n, 1)
+    h[upper] *= np.asarray(1 + 4 * eps(dtype), dtype=h.real.dtype)  # Hermitian up to rounding, as a computed one
+    assert 0 < np.linalg.norm(h - h.conj().T) <= 16 * eps(dtype) * np.linalg.norm(h)
+    H = bl.from_array(h, tmp_path / "h.zarr", chunks=(16, 16))  # mirror tiles of edge and inner sizes
+    U, s, Vh = np.linalg.svd(H, full_matrices=False, hermitian=True)
+    U, Vh = (x.to_numpy() if isinstance(x, bl.Matrix) else x for x in (U, Vh))
+    assert_singular_values(s, np.linalg.svd(h, compute_uv=False, hermitian=True), n=n, dtype=dtype)
+    e = eps(dtype)
+    assert np.linalg.norm((U * s) @ Vh - h) <= 8 * n * e * np.linalg.norm(h)
+    assert_singular_values(np.linalg.svd(H, compute_uv=False, hermitian=True), s, n=n, dtype=dtype)
+    kind = "Hermitian" if dtype == np.complex128 else "symmetric"
+    rtol = np.sqrt(eps(dtype))  # the tolerance of eigsh's and the Cholesky's checks
+    off = np.triu(b, 1) * (np.linalg.norm(h) / np.linalg.norm(np.triu(b, 1)))  # ||A - A^H||_F = ||off||_F = ||h||_F
+    near = (h + rtol / 4 * off).astype(dtype)  # within the tolerance: taken
+    assert_singular_values(np.linalg.svd(bl.from_array(near, tmp_path / "near.zarr", chunks=(16, 16)),
+                                         compute_uv=False, hermitian=True),
+                           np.linalg.svd(near, compute_uv=False), n=n, dtype=dtype)
+    for bad in (b.astype(dtype), (h + 4 * rtol * off).astype(dtype)):  # off far, and off 4x the tolerance
+        B = bl.from_array(bad, tmp_path / f"b{len(list(tmp_path.iterdir()))}.zarr", chunks=(16, 16))
+        with pytest.raises(bl.errors.NotSymmetricError, match=rf"^a: must be {kind} for hermitian=True .*got "
+                           r"relative asymmetry .*Fix: pass hermitian=False"):
+            np.linalg.svd(B, full_matrices=False, hermitian=True)
+        with pytest.raises(bl.errors.NotSymmetricError):
+            np.linalg.svd(B, compute_uv=False, hermitian=True)
+    R = bl.from_array(rng.standard_normal((n, 20)).astype(dtype), tmp_path / "r.zarr")
+    with pytest.raises(bl.errors.NotSquareError, match="^a: must be square for hermitian=True"):
+        np.linalg.svd(R, full_matrices=False, hermitian=True)

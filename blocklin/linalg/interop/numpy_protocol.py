@@ -185,6 +185,10 @@ def svd(a: Any, full_matrices: bool = True, compute_uv: bool = True, hermitian: 
             "full_matrices", "must be False for a non-square blocklin.Matrix (the square factor of the long side "
             "is larger than the matrix and holds nothing it needs)", f"True for a {m} x {n} matrix",
             "pass full_matrices=False (the thin SVD, as numpy.linalg.svd(a, full_matrices=False))"))
+    if hermitian:  # NumPy's eigh route assumes it; checked, never assumed nor ignored (interop.hermitian)
+        from blocklin.linalg.interop.hermitian import check_hermitian
+
+        check_hermitian(a)
     res = bl_svd(a, return_singular_vectors=bool(compute_uv))
     return _named("svd", res) if compute_uv else res
 
