@@ -239,3 +239,51 @@ def test_products_of_a_dataarray_and_a_matrix(tmp_path):
     got = M @ xr.DataArray(y, dims=("feature", "target"))
     assert isinstance(got, bl.Matrix)
     assert_product(got.to_numpy(), m @ y, m, y)
+
+
+@pytest.fixture
+def blocklin_chunk_manager(monkeypatch):
+    """xarray's chunk managers with blocklin's, as its ``xarray.chunkmanagers`` entry point in ``pyproject.toml``
+    declares it (the installed package's metadata lists it once installed; this checkout may run from a copy
+    installed before it was added)."""
+    import importlib.metadata
+    import pathlib
+    import tomllib
+
+    from xarray.namedarray import parallelcompat
+
+    project = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    declared = project["entry-points"]["xarray.chunkmanagers"]
+    assert declared == {"blocklin": "blocklin.linalg.interop.xarray_chunks:MatrixChunkManager"}
+    ours = [importlib.metadata.EntryPoint(name=k, value=v, group="xarray.chunkmanagers") for k, v in declared.items()]
+    real = parallelcompat.entry_points
+    monkeypatch.setattr(parallelcompat, "entry_points",
+                        lambda group: [e for e in real(group=group) if e.name not in declared] + ours)
+    parallelcompat.list_chunkmanagers.cache_clear()
+    yield
+    parallelcompat.list_chunkmanagers.cache_clear()
+
+
+def test_a_dataarray_of_a_matrix_loads_to_numpy(tmp_path, blocklin_chunk_manager):
+    """xarray takes a duck array with ``chunks`` for a chunked array of some chunk manager; none claimed
+    ``Matrix``, so ``.load()``, ``.compute()`` and ``.chunk()`` of ``xr.DataArray(M)`` raised "Could not find a
+    Chunk Manager which recognises type Matrix". blocklin's manager loads it whole into NumPy (the values, bit
+    for bit), chunks it into the Dask array over its store, and refuses xarray's lazy operations on the handle
+    itself naming ``M.to_dask()``; Dask stays xarray's default manager."""
+    x = np.random.default_rng(4).standard_normal((7, 5))
+    M = bl.from_array(x, tmp_path / "m.zarr", chunks=(3, 2))
+    da = xr.DataArray(M, dims=("time", "station"), coords={"time": np.arange(7)})
+    loaded = da.load()
+    assert isinstance(loaded.data, np.ndarray) and np.array_equal(loaded.values, x)
+    got = xr.DataArray(M, dims=("time", "station")).compute()
+    assert isinstance(got.data, np.ndarray) and np.array_equal(got.values, x)
+    ds = xr.Dataset({"m": xr.DataArray(M, dims=("time", "station"))}).load()
+    assert isinstance(ds["m"].data, np.ndarray) and np.array_equal(ds["m"].values, x)
+    lazy = xr.DataArray(M, dims=("time", "station")).chunk({"time": 4})
+    assert type(lazy.data).__module__.startswith("dask") and lazy.chunks[0] == (4, 3)
+    assert np.array_equal(lazy.values, x)
+    with pytest.raises(bl.errors.ParameterError, match=r"^data: a blocklin\.Matrix in an xarray object .*Fix: wrap "
+                       r"its Dask array instead: xr\.DataArray\(M\.to_dask\(\)"):
+        xr.apply_ufunc(np.sin, xr.DataArray(M, dims=("time", "station")), dask="parallelized")
+    plain = xr.DataArray(x, dims=("time", "station")).chunk({"time": 4})  # Dask's, as before
+    assert type(plain.data).__module__.startswith("dask") and np.array_equal(plain.load().values, x)
