@@ -188,15 +188,16 @@ def raise_naming(exc: BaseException, path: str | None) -> NoReturn:
 @contextlib.contextmanager
 def named_as_output(output: Any, what: str) -> Iterator[None]:
     """Run an operation's writes into its partial output ``output`` (a :class:`~blocklin.storage.location.Location`
-    or path): an ``OSError`` of a write anywhere in it (the operation's internal work store kept there, ``what``,
-    or a chunk of the result) is raised again naming ``output`` itself, the one path the user named and can act
-    on (free space there, or write elsewhere: :func:`describe_os_error`), the internal file kept as its cause."""
+    or path): a full disk (ENOSPC, EDQUOT) met writing anywhere in it (the operation's internal work store kept
+    there, ``what``, or a chunk of the result) is raised again naming ``output`` itself, the one path the user
+    named and can act on (free space there, or write elsewhere: :func:`describe_os_error`), the internal file kept
+    as its cause. Other errors pass as they are."""
     try:
         yield
     except OSError as exc:
         root = _local(output)
         name = os.fspath(exc.filename) if exc.filename is not None else None
-        if root is None or name is None or exc.errno is None or os.path.abspath(name) == root \
+        if root is None or name is None or exc.errno not in (errno.ENOSPC, errno.EDQUOT) \
                 or not os.path.abspath(name).startswith(root + os.sep):
             raise
         shown = _final_name(root)
