@@ -44,12 +44,12 @@ def scaled_factor(g: np.ndarray, lam2: float) -> tuple[np.ndarray, np.ndarray] |
         low = np.linalg.cholesky(h)
     except np.linalg.LinAlgError:
         return None
-    if n * eps * _condition(h, low) >= 0.5:
+    if n * eps * condition(h, low) >= 0.5:
         return None
     return low, d
 
 
-def _condition(h: np.ndarray, low: np.ndarray) -> float:
+def condition(h: np.ndarray, low: np.ndarray) -> float:
     """``cond_1(H)`` estimated from its Cholesky factor (LAPACK ``pocon``: ``O(n^2)``, where an SVD of the factor
     costs more than the solve it guards, for each grid value)."""
     from scipy.linalg import lapack
@@ -78,4 +78,4 @@ def scaled_inverse_diagonal(factor: tuple[np.ndarray, np.ndarray]) -> np.ndarray
     return (np.abs(inv) ** 2).sum(axis=0) / d**2
 
 
-__all__ = ["refit", "scaled_factor", "scaled_inverse_diagonal", "scaled_solve"]
+__all__ = ["condition", "refit", "scaled_factor", "scaled_inverse_diagonal", "scaled_solve"]

@@ -99,8 +99,9 @@ class TikhonovRun:
     L: Any = None
     gram: dict | None = None
     dual_sums: Any = None
-    #: a wide ``A``'s kernel and right-hand side as its spectrum was taken of them (weighted, no intercept): the
-    #: leave-one-out errors are solved again from them where lines far apart ask (:mod:`~blocklin.linalg.solve.loo`)
+    #: a wide ``A``'s kernel and right-hand side as its spectrum was taken of them (weighted; with an intercept the
+    #: kernel of the rows less a row, unweighted, and ``b`` weighted and centered): the leave-one-out errors are solved
+    #: again from them where lines far apart ask (:mod:`~blocklin.linalg.solve.loo`)
     dual_kernel: Any = None
     #: the solutions in hand are ``2^-xe x'`` of the scaled problem (:func:`blocklin.linalg.solve.spectrum.x_exponent`)
     xe: int = 0

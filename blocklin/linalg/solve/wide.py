@@ -241,8 +241,9 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
                 "norm_a": float(np.linalg.norm(spec.s))}
     else:
         spec = spectrum_from_gram(g, bm, dots(bm, bm), ctx.rows_in_problem, dual=True, n=ctx.n)
-        if not ctx.intercept:  # rows far apart: leave-one-out's solves again from them (loo._dual)
-            ctx.dual_kernel = (g, bm)
+        # rows far apart: leave-one-out's solves again from them (loo._dual); with an intercept the kernel of the
+        # rows less a row, unweighted (the bordered system, bordered_kernel), and the weighted centered b
+        ctx.dual_kernel = (g_raw, bm) if ctx.intercept else (g, bm)
         if ctx.intercept:  # the centering rounds relative to the shifted (or uncentered) A A^T (spectrum.accuracy)
             wmax = float(w.max()) if ctx.weighted else 1.0
             spec.ev_bound = ctx.m * np.finfo(np.float64).eps * wmax * float(np.abs(np.trace(g_raw)))
