@@ -453,3 +453,98 @@ def test_wide_loo_from_the_row_scaled_kernel_where_rows_are_far_apart(weighted):
         if not weighted:  # RidgeCV's own closed form from the eigenvalues is as far off as blocklin's had been
             sk = RidgeCV(alphas=[lam2], fit_intercept=False, store_cv_results=True).fit(a, b)
             assert abs(sk.cv_results_.mean() - ref) <= 1e-3 * ref
+
+
+def _refit_loo_intercept(a, b, w, lam2):
+    """Each row's weighted squared leave-one-out error with an unpenalized intercept, refitting without it in mpmath
+    (60 digits, the data exact): the kept rows' bordered system ``[[S A A^T S + lam^2 I, u], [u^T, 0]] [y; x0] =
+    [S b; 0]`` (``u = sqrt(w)``, ``S = diag(u)``), the prediction ``a_i^T A^T S y + x0``."""
+    import mpmath as mp
+
+    m, n = a.shape
+    errs = []
+    with mp.workdps(60):
+        rows = [[mp.mpf(float(v)) for v in r] for r in a]
+        u = [mp.sqrt(mp.mpf(float(v))) for v in w]
+        for i in range(m):
+            tr = [j for j in range(m) if j != i]
+            k = len(tr)
+            lhs, rhs = mp.matrix(k + 1, k + 1), mp.matrix(k + 1, 1)
+            for p in range(k):
+                for q in range(p, k):
+                    lhs[p, q] = lhs[q, p] = u[tr[p]] * u[tr[q]] * mp.fsum(x * y for x, y in zip(rows[tr[p]], rows[tr[q]]))
+                lhs[p, p] += lam2
+                lhs[p, k] = lhs[k, p] = u[tr[p]]
+                rhs[p] = u[tr[p]] * mp.mpf(float(b[tr[p]]))
+            sol = mp.lu_solve(lhs, rhs)
+            pred = sol[k] + mp.fsum(u[tr[p]] * sol[p] * mp.fsum(x * y for x, y in zip(rows[i], rows[tr[p]]))
+                                    for p in range(k))
+            errs.append(float(u[i] ** 2 * (mp.mpf(float(b[i])) - pred) ** 2))
+    return np.asarray(errs)
+
+
+def _bordered_bound(a, b, w, lam2, errs):
+    """The bound on the mean of :func:`_refit_loo_intercept`'s errors as the bordered system on the row-scaled kernel
+    computes them (``blocklin.linalg.solve.bordered_kernel``). Shifting every row by the same vector changes nothing
+    in exact arithmetic; summed less a typical row ``t`` the kernel rounds relative to ``||a_i - a_t||``, so with
+    ``H = D^-1 (K_t + lam^2 I) D^-1`` (``D^2 = diag(K_t) + lam^2``), ``N`` an orthonormal basis of ``D^-1 sqrt(w)``'s
+    complement and ``F = N^T H N``, ``z = F^-1 N^T D^-1 S b`` is off by ``delta ||z||`` and ``F^-1`` by
+    ``delta ||F^-1||`` with ``delta = (m + n) eps cond(F)`` (the kernel's rounding ``n eps`` relative to ``H``, then
+    Cholesky's ``m eps``). Row ``i``'s error is ``(n_i^T z) / (n_i^T F^-1 n_i)`` (``n_i`` row ``i`` of ``N``), so its
+    relative error is at most ``rel_i = delta ||n_i|| (||z|| / |n_i^T z| + ||F^-1|| ||n_i|| / (n_i^T F^-1 n_i))``, its
+    square's ``2 rel_i + rel_i^2``; plus the mean's own rounding ``m eps``."""
+    from scipy.linalg import null_space
+
+    m, n = a.shape
+    eps = np.finfo(np.float64).eps
+    dist = ((a[:, None, :] - a[None, :, :]) ** 2).sum(axis=2)
+    t = int(np.argmin(np.median(dist, axis=0)))
+    u = np.sqrt(w)
+    at = u[:, None] * (a - a[t])
+    kern = at @ at.T
+    d = np.sqrt(np.diag(kern) + lam2)
+    h = kern / np.outer(d, d) + np.diag(lam2 / d**2)
+    basis = null_space((u / d)[None, :])
+    f = basis.T @ h @ basis
+    finv = np.linalg.inv(f)
+    z = finv @ basis.T @ (u * b / d)
+    delta = (m + n) * eps * np.linalg.cond(f)
+    ni = np.linalg.norm(basis, axis=1)
+    q = np.einsum("ij,jk,ik->i", basis, finv, basis)
+    rel = delta * ni * (np.linalg.norm(z) / np.abs(basis @ z) + np.linalg.norm(finv, 2) * ni / q)
+    return float(np.mean(errs * (2 * rel + rel**2)) + m * eps * np.mean(errs))
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("big", ["first", "middle", "last"])
+def test_wide_loo_with_an_intercept_where_rows_are_far_apart(big, weighted, tmp_path):
+    """A wide ``a`` whose rows' norms are ``1e5`` and ``5e-4`` apart, with ``fit_intercept``. The centered kernel
+    ``P A A^T P`` mixes the far row into every row, and its spectrum's errors had been ``1.6e-2`` (``1e5`` row 4th)
+    to ``0.99`` (weighted) relative off; with the ``1e5`` row first, which the wide Gram pass sums the rows less,
+    ``3.5e3`` for ``2.3e8`` (``RidgeCV`` 3 to 3600 times off), without a warning. Now ``c`` and ``diag(Q)`` come from
+    the bordered system on the row-scaled kernel (``loo.intercept_kernel``), summed again less a typical row where
+    row 0 lies far off, and no leave-one-out warning is given. Reference and bound: :func:`_refit_loo_intercept`,
+    :func:`_bordered_bound`."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    m, n = 20, 40
+    a, b = rows_apart(rng, m, n)  # the 1e5 row is row 3, the 5e-4 row the last
+    w = rng.uniform(0.5, 2.0, m) if weighted else np.ones(m)
+    order = np.arange(m)
+    if big == "first":
+        order[[0, 3]] = [3, 0]
+    elif big == "last":
+        order[[3, m - 1]] = [m - 1, 3]
+    a, b, w = a[order], b[order], w[order]
+    alphas = [1e-8, 1e-2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = bl.solve(a, b, lam=("loo", np.sqrt(alphas)), fit_intercept=True,
+                     sample_weight=w if weighted else None, temp_dir=str(tmp_path))
+    assert not [c for c in caught if "leave-one-out errors" in str(c.message)]
+    for l, lam2 in enumerate(alphas):
+        errs = _refit_loo_intercept(a, b, w, lam2)
+        ref, tol = float(errs.mean()), _bordered_bound(a, b, w, lam2, errs)
+        got = x.report["curve"]["loo"][l]
+        assert abs(got - ref) <= tol, (lam2, got, ref, tol)
