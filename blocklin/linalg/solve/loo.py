@@ -447,8 +447,8 @@ def _rows_apart(ctx: Any, s2: np.ndarray, grid: np.ndarray) -> np.ndarray:
     are taken again from the row-scaled kernel by Cholesky (:mod:`~blocklin.linalg.solve.scaled_kernel`), as the
     k-fold route's fits: ``K = A A^T`` rounds relative to its rows, its eigen-decomposition norm-wise. Rows ``1e5``
     and ``5e-4`` apart: the errors' mean ``8.7e-5`` off at ``lam^2 = 1e-8`` and ``4.4e-6`` at ``1e-2`` (the scaled
-    kernel's condition about 1e3; scikit-learn's ``RidgeCV`` as far off). Without an intercept only (the
-    intercept's direction is taken out of the spectrum, :func:`without_intercept`)."""
+    kernel's condition about 1e3; scikit-learn's ``RidgeCV`` as far off). Without an intercept (with one:
+    :func:`intercept_kernel`)."""
     if ctx.dual_kernel is None or ctx.intercept:
         return np.zeros(len(grid), dtype=bool)
     kernel = ctx.dual_kernel[0]
@@ -464,13 +464,17 @@ def intercept_kernel(ctx: Any, spec: Any, sw: np.ndarray, grid: np.ndarray) -> d
     and that kernel ``k`` (weighted).
 
     The centered ``P K P`` mixes a far-off row into every row and rounds relative to it; its spectrum left the errors of
-    rows ``1e5`` and ``5e-4`` apart ``1.6e-2`` to ``0.99`` relative off (``RidgeCV`` 3 to 900 times off). Taken where
+    rows ``1e5`` and ``5e-4`` apart ``1.6e-2`` to ``0.99`` relative off (``RidgeCV`` 3 to 3600 times off), and with the
+    ``1e5`` row first (the row the wide Gram pass sums the rows less) ``3.5e3`` for ``2.3e8``. Taken where
     :func:`~blocklin.linalg.solve.scaled_kernel.refit` asks it of the kernel's eigenvalues (the intercept's direction
     left out) and its diagonal, or where the row the kernel's rows were summed less lies far from the others
-    (:func:`~blocklin.linalg.solve.bordered_kernel.shift_loss` over ``m``): the kernel is then shifted in memory by a
-    typical row, and its rounding is ``rho2`` times what the scaling assumes (:func:`_warn_unresolved`)."""
+    (:func:`~blocklin.linalg.solve.bordered_kernel.shift_loss` over ``m``): the kernel is then summed again less a
+    typical row (:func:`~blocklin.linalg.solve.shifted_gram.gram_less_row`, one more pass over ``A``); were that row
+    far off too, it is shifted in memory and its rounding is ``rho2`` times what the scaling assumes
+    (:func:`_warn_unresolved`)."""
     m = len(sw)
-    none = {"redo": np.zeros(len(grid), dtype=bool), "cond": np.full(len(grid), np.nan), "rho2": np.ones(len(grid))}
+    none = {"redo": np.zeros(len(grid), dtype=bool), "cond": np.full(len(grid), np.nan), "rho2": np.ones(len(grid)),
+            "apart": np.zeros(len(grid), dtype=bool)}
     if ctx.dual_kernel is None:
         return none
     g = ctx.dual_kernel[0]
@@ -491,19 +495,24 @@ def intercept_kernel(ctx: Any, spec: Any, sw: np.ndarray, grid: np.ndarray) -> d
     noise = m * np.finfo(np.float64).eps * float(ev.max(initial=0.0))
     cut = np.any(ev[:, None] + lam2[None, :] <= noise, axis=0)
     redo = scaled_kernel.refit(k, ev, grid, cut) | ((rho2 > m) & (lam2 > 0))
+    diag = np.maximum(np.diag(k).real, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        apart = (rho2 > m) | ((diag.max(initial=0.0) + lam2) / (diag.min(initial=0.0) + lam2) > m)
     return {"redo": redo, "k": k, "rho2": np.where(rho2 > m, rho2, 1.0), "cond": np.full(len(grid), np.nan),
-            "shift": t}
+            "shift": t, "apart": apart}
 
 
 def _warn_unresolved(ctx: Any, apart: dict, grid: np.ndarray) -> None:
     """A warning where the bordered system's bound ``(m + n) eps rho2 cond(F)`` on the leave-one-out errors'
     relative error (:mod:`~blocklin.linalg.solve.bordered_kernel`; ``rho2`` the shift's loss) passes
-    ``sqrt(eps)``, or where it was asked for and ``F`` was not numerically positive definite while the kernel's
-    shift had lost more than a factor ``m`` (the spectrum's errors, kept there, are no better)."""
+    ``sqrt(eps)`` where the rows are far apart (``rho2`` or the spread of the kernel's diagonal over ``m``), ``F``
+    not numerically positive definite (infinite: the spectrum's errors, kept there, are no better) included. Rows
+    alike keep the spectrum's errors without a word where ``F`` is ill-conditioned (a rank-deficient ``a`` at the
+    grid's low end), as without an intercept."""
     eps = np.finfo(np.float64).eps
     cond, rho2 = apart["cond"], apart["rho2"]
     bound = (ctx.m + ctx.n) * eps * rho2 * np.where(np.isnan(cond), 0.0, cond)
-    bad = apart["redo"] & ((bound > math.sqrt(eps)) | (np.isinf(cond) & (rho2 > 1)))
+    bad = apart["redo"] & apart["apart"] & (bound > math.sqrt(eps))
     if not bad.any():
         return
     worst = float(np.nanmax(np.where(bad, bound, np.nan)))
