@@ -525,6 +525,18 @@ def test_wide_loo_with_an_intercept_where_rows_are_far_apart(big, weighted, tmp_
     the bordered system on the row-scaled kernel (``loo.intercept_kernel``), summed again less a typical row where
     row 0 lies far off, and no leave-one-out warning is given. Reference and bound: :func:`_refit_loo_intercept`,
     :func:`_bordered_bound`."""
+    _check_rows_apart_intercept(big, weighted, "auto", tmp_path)
+
+
+@pytest.mark.parametrize("big", ["first", "middle", "last"])
+def test_wide_loo_with_an_intercept_where_rows_are_far_apart_qr(big, tmp_path):
+    """As :func:`test_wide_loo_with_an_intercept_where_rows_are_far_apart` with ``method="qr"`` (no weights: refused
+    there): the spectrum of the streaming ``R`` had left the errors ``3e-7`` to ``2e-6`` relative off, without a word;
+    the kernel of the rows less row 0 is ``R^H R`` (rounded relative to its rows), and the bordered system serves."""
+    _check_rows_apart_intercept(big, False, "qr", tmp_path)
+
+
+def _check_rows_apart_intercept(big, weighted, method, tmp_path):
     import warnings
 
     rng = np.random.default_rng(0)
@@ -541,10 +553,10 @@ def test_wide_loo_with_an_intercept_where_rows_are_far_apart(big, weighted, tmp_
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         x = bl.solve(a, b, lam=("loo", np.sqrt(alphas)), fit_intercept=True,
-                     sample_weight=w if weighted else None, temp_dir=str(tmp_path))
+                     sample_weight=w if weighted else None, method=method, temp_dir=str(tmp_path))
     assert not [c for c in caught if "leave-one-out errors" in str(c.message)]
-    if big != "first":  # the kernel summed less row 0 serves: no pass beyond the Gram pass and x = A^T y
-        assert x.report["passes"] == 2
+    # the Gram pass (or the TSQR's), x = A^T y and the weights' check; one more where row 0 is far: the kernel again
+    assert x.report["passes"] == 2 + weighted + (big == "first")
     for l, lam2 in enumerate(alphas):
         errs = _refit_loo_intercept(a, b, w, lam2)
         ref, tol = float(errs.mean()), _bordered_bound(a, b, w, lam2, errs)

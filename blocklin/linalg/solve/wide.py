@@ -234,6 +234,8 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         bm = sw[:, None] * bm
     if r is not None:  # y = V diag(1/(s^2 + lam^2)) V^H b of R = U S V^H
         spec = dual_spectrum(rc if ctx.intercept else r, bm, ctx.rows_in_problem, ctx.n)
+        if ctx.intercept:  # the kernel of the rows less row 0, R'^H R' (rounds relative to its rows): loo._dual
+            ctx.dual_kernel = (r.conj().T @ r, bm)
         if ctx.intercept:  # the centering's rounding, relative to the uncentered R (qr_route: constant columns)
             cut_centering_noise(spec, float(np.linalg.norm(r)), ctx.m, ctx.n, exclude=np.sqrt(w) / math.sqrt(S))
         info = {"method": "qr", "method_reason": "requested (wide a: the SVD of the streaming R factor of A^T"
