@@ -177,3 +177,21 @@ def test_wide_solve_with_intercept_large_row_first_warned(lam2):
     a, b = _data("first")
     with pytest.warns(bl.errors.IllConditionedWarning):
         bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_wide_qr_solve_with_intercept_rows_apart(where):
+    """``method="qr"`` with an intercept at one lambda: the route keeps the kernel of the rows less row 0 for the
+    leave-one-out's bordered system (``dual_kernel``), which the solves without an intercept must not take (they
+    had, once both fixes met: ``x`` ``9e9`` relative off, no warning).
+
+    Bound: the route's norm-wise one, the SVD of the centered factor with ``(m + n) eps ||A_c||_2`` absolute error
+    in its values, reaching ``x`` through ``(||A_c||_2^2 + lam^2) / lam^2`` (Hansen 1998, 4.4)."""
+    lam2 = 1e-2
+    a, b = _data(where)
+    x = np.asarray(bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True, method="qr")).ravel()
+    y, _ = _dual_mp(a, b, lam2, True)
+    xr = _x_mp(a, y)
+    ac = a - a.mean(axis=0)
+    bound = (M + N) * EPS64 * (np.linalg.norm(ac, 2) ** 2 + lam2) / lam2 * np.linalg.norm(xr)
+    assert np.linalg.norm(x - xr) <= bound, (np.linalg.norm(x - xr) / np.linalg.norm(xr), bound)

@@ -257,7 +257,9 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         spec = _without_intercept_direction(ctx, spec, np.sqrt(w))
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     ys = coefficients(ctx, spec, info, "row")
-    if ctx.dual_kernel is not None:  # rows far apart: the solves again from the row-scaled kernel
+    if ctx.dual_kernel is not None and not ctx.intercept:  # rows far apart: the solves again from the row-scaled
+        # kernel; with an intercept dual_kernel is the kernel of the rows less a row (the bordered system's,
+        # _bordered_solves), which these solves must not take
         ys = _rows_apart_solves(ctx, spec, info, ys)
     if ctx.weighted:  # x = (D P_w A)^T y = A^T P_w^T (D y)
         ys = [sw[:, None] * y for y in ys]
