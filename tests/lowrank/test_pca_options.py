@@ -268,3 +268,23 @@ def test_precision_of_a_singular_model_is_refused_by_name():
     assert ours.noise_variance_ == ref.noise_variance_ == 0.0
     with pytest.raises(SingularMatrixError, match="noise_variance_: must be positive .* Fix: fit fewer components"):
         ours.score(a)
+
+
+@pytest.mark.parametrize("e", [300, -300])
+def test_precision_and_score_of_data_beyond_two_to_the_256(e):
+    """The model of ``2^e X`` is that of ``X`` with variances ``4^e`` times: its precision is ``4^-e``
+    times and its score ``n e log 2`` less. The variances (about ``2^600`` here) are in float64's
+    range, their squares are not: the inversion lemma had divided by ``noise ** 2`` (an
+    ``OverflowError`` for ``e = 300``, a precision of ``inf`` and ``nan`` and a score of ``nan``,
+    no warning, for ``e = -300``). Scaling by a power of two is exact, so both runs round alike but
+    for the order BLAS sums in: bounds of a few ``n eps`` relative to the unscaled model."""
+    a = low_rank_plus_noise(m=200, n=6, rank=2, seed=3)
+    ref = bl.pca(a, 2, seed=0)
+    got = bl.pca(np.ldexp(a, e), 2, seed=0)
+    prec = ref.get_precision()
+    kappa = np.linalg.cond(ref.get_covariance())
+    assert_close_to(np.ldexp(got.get_precision(), 2 * e), prec,
+                    bound=100 * a.shape[1] * eps(a.dtype) * kappa * np.linalg.norm(prec), what="precision")
+    score = ref.score(a)
+    assert_close_to(got.score(np.ldexp(a, e)) + a.shape[1] * e * np.log(2.0), score,
+                    bound=100 * a.shape[1] * eps(a.dtype) * kappa * (abs(score) + a.shape[1]), what="score")

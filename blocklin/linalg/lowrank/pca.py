@@ -193,7 +193,9 @@ class PCAResult:
         inner = c @ c.conj().T / noise
         with np.errstate(divide="ignore"):
             inner[np.diag_indices_from(inner)] += 1.0 / diff
-        prec = -(c.conj().T @ np.linalg.inv(inner) @ c) / noise ** 2
+        # divided by noise twice: noise ** 2 leaves float64's range for variances beyond about 2^+-512
+        # (data beyond 2^+-256), where the quotient itself is in range
+        prec = -(c.conj().T @ np.linalg.inv(inner) @ c) / noise / noise
         prec[np.diag_indices(n)] += 1.0 / noise
         return prec
 
