@@ -68,8 +68,11 @@ def test_svd_refuses_what_an_operator_cannot_do(stored):
 
     with pytest.raises(ParameterError, match="for a LinearOperator"):
         bl.svd(s, 3, method="gram")
-    with pytest.raises(ParameterError, match="a LinearOperator takes rsvd or block Lanczos"):
-        bl.svd(s, 3, center=True)
+    # named as what it is, with a fix that applies to it (the message had called it a LinearOperator and
+    # told to pass "the matrix itself", which it was)
+    for kw in ({"center": True}, {"which": "SM"}):
+        with pytest.raises(ParameterError, match="a stored sparse matrix takes rsvd or block Lanczos.*--dense"):
+            bl.svd(s, 3, **kw)
 
 
 def test_svd_of_a_sparse_group_path(stored, tmp_path):

@@ -502,11 +502,13 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
     record and the column means its operator centers by, stored beside the factors (:func:`_result`);
     ``signs``: every triplet signed by scikit-learn's rule on the components (:func:`_signed_in_group`)."""
     asked = [name for name, on in refused.items() if on]
-    if asked:
-        raise ParameterError(explain("a", "a LinearOperator takes rsvd or block Lanczos for the largest triplets "
-                                     "only", f"a LinearOperator with {', '.join(asked)}",
-                                     "pass the matrix itself (a path, a Matrix or an array) for those"))
     sparse = isinstance(op, SparseMatrix)
+    if asked:  # a stored sparse matrix is the matrix itself: its fix is a dense copy
+        what = "a stored sparse matrix" if sparse else "a LinearOperator"
+        raise ParameterError(explain("a", f"{what} takes rsvd or block Lanczos for the largest triplets only "
+                                     "(its products, not its entries)", f"{what} with {', '.join(asked)}",
+                                     "write it densely (blocklin convert S.zarr D.zarr --dense) and pass that"
+                                     if sparse else "pass the matrix itself (a path, a Matrix or an array) for those"))
     if k is None:  # lstsq and cond of a sparse matrix come here too: name what they asked for
         what = "a stored sparse matrix" if sparse else "a LinearOperator"
         raise ParameterError(explain(
