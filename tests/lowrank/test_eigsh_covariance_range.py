@@ -59,3 +59,18 @@ def test_covariance_k_of_every_pair_is_refused_in_eigsh_terms(shape):
         with pytest.raises(ParameterError, match=r"^k: must be an integer with 1 <= k < min\(m, n\)") as info:
             bl.eigsh(a, k, center=True, order="descending")
         assert "method" not in str(info.value)
+
+
+@pytest.mark.parametrize("dtype,power", [(np.float32, -70), (np.float64, -540)])
+def test_covariance_eigenvalues_below_the_normal_numbers_are_refused_by_name(dtype, power):
+    """``2^-140`` and ``2^-1080`` times the unit covariance's values: below float32's and float64's normal
+    numbers. They had been returned as 0 (float64) or with a few digits (float32, about 2^-9 relative
+    error), without a word, where the overflow of the same values is refused."""
+    a, spectrum = _data(dtype, power)
+    with pytest.raises(ParameterError, match="covariance eigenvalues within the range.*smallest normal") as info:
+        bl.eigsh(a, K, center=True, order="descending")
+    q = int(re.search(r"scale the data by 2\.0\*\*(\d+)", str(info.value)).group(1))
+    res = bl.eigsh(np.ldexp(a, q).astype(dtype), K, center=True, order="descending")  # the fix, applied
+    scale = 2.0 ** (2 * (power + q))
+    assert_ritz_values(res.w / scale, spectrum[::-1][:K], spectrum=spectrum, n=M, norm=float(spectrum[-1]),
+                       residuals=np.asarray(res.report["residuals"]) / scale, dtype=dtype)

@@ -291,7 +291,9 @@ def _check_covariance_k(k: Any, m: int, n: int) -> None:
 
 def _covariance_values(s: np.ndarray, m: int) -> np.ndarray:
     """``w = s^2 / (m - 1)`` in ``s``'s dtype, refused where it leaves that dtype's range: it had been returned
-    as Inf (float32 data near ``2^64``, float64 data near ``2^512``) with only NumPy's overflow warning."""
+    as Inf (float32 data near ``2^64``, float64 data near ``2^512``) with only NumPy's overflow warning, and
+    as 0 or subnormal numbers of few digits, with no word at all, where the largest falls below the normal
+    numbers (float32 data near ``2^-64``, float64 data near ``2^-512``)."""
     real = np.finfo(s.dtype)
     s64 = np.abs(s.astype(np.float64))
     e = int(np.frexp(float(s64.max()))[1]) if s64.size else 0  # s_1 < 2^e: squared as (s / 2^e)^2 2^(2e)
@@ -307,6 +309,16 @@ def _covariance_values(s: np.ndarray, m: int) -> np.ndarray:
                  f"{float(real.max):.4g}",
             f"scale the data by 2.0**-{q} (exact: the covariance eigenvalues of the scaled data are 2^-{2 * q} "
             "times these)" + (", or convert it to float64" if real.dtype == np.float32 else "")))
+    if w64.size and 0.0 < float(s64.max()) and float(t.max()) > 0.0 and \
+            float(np.log2(t.max())) + 2 * e < real.minexp:  # below the normal numbers: subnormal digits or 0
+        top = float(np.log2(t.max())) + 2 * e
+        q = int(np.ceil(-top / 2))  # the data's power of two that brings the largest eigenvalue near 1
+        raise ParameterError(explain(
+            "a", f"must have covariance eigenvalues within the range of {real.dtype.name}, the precision they are "
+                 "returned in", f"a largest eigenvalue of about 2^{top:.0f}, below {real.dtype.name}'s smallest "
+                 f"normal number {float(real.tiny):.4g} (it would be returned with fewer digits, or as 0)",
+            f"scale the data by 2.0**{q} (exact: the covariance eigenvalues of the scaled data are 2^{2 * q} "
+            "times these)"))
     return w64.astype(s.dtype)
 
 
