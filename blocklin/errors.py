@@ -100,6 +100,11 @@ class OutputBusyError(OutputExistsError):
     """Another run that is still alive is writing the same output (or owns the work folder)."""
 
 
+class InputChangedError(BlocklinError, RuntimeError):
+    """An input was rewritten while a run read it: the result would mix its old and new values, so
+    nothing is committed."""
+
+
 class OutputIsInputError(BlocklinError, ValueError):
     """The output path is one of the inputs."""
 

@@ -58,7 +58,7 @@ import zarr
 from blocklin._version import __version__
 from blocklin import jsonsafe
 from blocklin.errors import OutputBusyError, OutputExistsError, explain, warn
-from blocklin.storage import ownership, stamps
+from blocklin.storage import input_guard, ownership, stamps
 from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.cleanup import note_written
 from blocklin.storage.completeness import STORED_KEY, count_stored
@@ -181,7 +181,8 @@ class AtomicOutput:
     resumable : bool
         Whether a rerun with ``resume=True`` may continue this output (a ``token`` was given).
     input_record : list of dict
-        The inputs' content stamps recorded in the partial (empty when not resumable).
+        The inputs' content stamps taken at the claim (recorded in the partial where resumable); the
+        commit refuses when they differ from the inputs' stamps then.
     """
 
     def __init__(self, path: Any, *, inputs: Iterable[Any] = (), overwrite: bool = False,
@@ -205,8 +206,10 @@ class AtomicOutput:
         self.resumable = token is not None
         self.token = token or uuid.uuid4().hex[:16]
         self._other_runs: list[dict] = []  # owner records of unfinished runs a resume could not continue
-        self._input_locations = [stamps.input_location(i, storage_options) for i in inputs] if self.resumable else []
-        if self.resumable and reads_output and self.path.is_local:
+        # stamped at the claim, before the first read, and again at the commit (every output), and kept
+        # in the partial for a resume (resumable outputs)
+        self._input_locations = [stamps.input_location(i, storage_options) for i in inputs]
+        if reads_output and self.path.is_local:
             self._input_locations.append(self.path)
         self.input_record: list[dict] = []
         self.committed = False
@@ -367,10 +370,12 @@ class AtomicOutput:
     def _check_inputs(self) -> None:
         """Record the inputs' content stamps in the partial; a resumed partial whose inputs changed
         since its run (or that holds no record of them) is started over, with a warning that names
-        the input. A resume that finds nothing to continue says so too."""
-        if not self.resumable:
-            return
+        the input. A resume that finds nothing to continue says so too. A run that is not resumable
+        keeps the stamps for its commit's check only."""
         today = stamps.stamp_inputs(self._input_locations)
+        if not self.resumable:
+            self.input_record = today
+            return
         be = backend(self.partial)
         if self.resumed:
             recorded = stamps.read_record(be.try_read(INPUTS_RECORD))
@@ -424,7 +429,10 @@ class AtomicOutput:
     # -- lifecycle -------------------------------------------------------------------------------
     def commit(self, operation: str, *, plan: dict | None = None, params: dict | None = None,
                report: dict | None = None, extra: dict | None = None) -> Location:
-        """Record provenance and publish the output (rename locally, pending record removed in place)."""
+        """Record provenance and publish the output (rename locally, pending record removed in place),
+        unless an input changed since the claim other than by appended rows
+        (:mod:`blocklin.storage.input_guard`: :class:`~blocklin.errors.InputChangedError`)."""
+        input_guard.check_unchanged(self.input_record, self._input_locations, self.path.url, covers=self.covers)
         provenance = {
             "operation": operation,
             "inputs": self.inputs,

@@ -21,7 +21,8 @@ writes from the stamp.
 
 :func:`stamp_inputs` builds the record a claimed output keeps (``.blocklin-inputs.json`` in its
 partial, :mod:`blocklin.storage.atomic`); :func:`changes` compares a recorded one with today's and
-says, per changed input, how many of its files differ.
+says, per changed input, how many of its files differ (:mod:`blocklin.storage.input_guard` compares
+them again at every commit).
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ def digest(record: list[dict]) -> str:
     return hashlib.sha1(json.dumps(sorted((i["url"], i["digest"]) for i in record)).encode()).hexdigest()[:16]
 
 
-def changes(recorded: list[dict], today: list[dict]) -> list[str]:
+def changes(recorded: list[dict], today: list[dict], *, since: str = "since the interrupted run") -> list[str]:
     """What changed between the recorded stamps and today's: one phrase per changed input, such as
-    ``input /data/A.zarr changed since the interrupted run (3 of 64 files differ)``; empty when none."""
+    ``input /data/A.zarr changed since the interrupted run (3 of 64 files differ)`` (``since``: when the
+    record was taken, as the phrase says it); empty when none."""
     then = {i["url"]: i for i in recorded}
     out = []
     for now in today:
@@ -116,10 +118,10 @@ def changes(recorded: list[dict], today: list[dict]) -> list[str]:
         if old is None:
             out.append(f"input {now['url']} was not an input of the interrupted run")
         elif old.get("digest") != now["digest"]:
-            out.append(f"input {now['url']} changed since the interrupted run ({_how_many(old, now)})")
+            out.append(f"input {now['url']} changed {since} ({_how_many(old, now)})")
     gone = set(then) - {i["url"] for i in today}
     out += [f"input {url} of the interrupted run is not an input now" for url in sorted(gone)]
-    return out
+    return list(dict.fromkeys(out))  # an input read twice (A @ A) is named once
 
 
 def _how_many(old: dict, now: dict) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 
 from blocklin.errors import (ConfigError, DTypeError, FormatError, OutputBusyError, OutputExistsError,
                              StoreNotFoundError, explain)
-from blocklin.storage import file_records, ownership
+from blocklin.storage import file_records, input_guard, ownership, stamps
 from blocklin.storage.atomic import busy_message, check_output_path
 from blocklin.storage.cleanup import note_written
 from blocklin.storage.space import folder_size
@@ -199,6 +199,10 @@ class AtomicFile:
         self.kind = kind
         self.partial = self.path.parent / f".{self.path.name}.partial-{token or uuid.uuid4().hex[:16]}"
         self.committed = False
+        # before the first block is read; the commit refuses if an input changed since (input_guard)
+        self._inputs = [stamps.input_location(i) for i in inputs if i is not None]
+        self._stamps = stamps.stamp_inputs(self._inputs)
+        self._covers = input_guard.coverage(self._inputs, self._stamps)
         with ownership.claim_lock(str(self.path.parent)):  # as `blocklin clean` judges and removes partials
             if os.path.lexists(self.partial):  # a stale partial of the same job: file outputs restart
                 self._take_over()
@@ -224,7 +228,9 @@ class AtomicFile:
         file_records.drop_owner(self.partial)
 
     def commit(self, *, datasets: list[str] | None = None) -> Path:
-        """Rename the finished file into place and record it as blocklin's (``datasets``: HDF5's)."""
+        """Rename the finished file into place and record it as blocklin's (``datasets``: HDF5's), unless
+        an input changed during the run (:class:`~blocklin.errors.InputChangedError`)."""
+        input_guard.check_unchanged(self._stamps, self._inputs, str(self.path), covers=self._covers)
         if os.path.lexists(self.path):  # checked again: it may have appeared during the run
             if not self.overwrite:
                 raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",

@@ -1,0 +1,132 @@
+"""An input rewritten while a run reads it: the run commits nothing, never a mix of old and new values.
+
+Another program writes new chunks into ``A.zarr`` (zarr, same shape, chunks and dtype: its metadata
+unchanged) while ``blocklin gemm A A`` is half way through its tiles: the product had been committed
+with exit 0, each tile computed from whichever values it read (measured: max |C - A0 A0| / max |A0 A0|
+= 1.30 and max |C - A1 A1| / max |A1 A1| = 1.35, a product of neither). Every output stamps its
+stored inputs at the claim and its commit compares them again (``storage/input_guard``): the run is
+refused, naming the input, and leaves nothing; a rerun with ``--resume`` then starts over and equals a
+fresh run on the new values, bit for bit. Rows appended by ``blocklin.append`` during a run are the
+one change it may meet (the result covers the rows it opened). The same check guards file exports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+import blocklin
+from blocklin.cli.main import main
+from blocklin.errors import BlocklinWarning, InputChangedError
+from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.formats.zarrfmt import ZarrReader
+from support.interrupts import SUPPORT, cli_argv, leftovers
+
+N = 240
+GEMM = ["gemm", "A.zarr", "A.zarr", "-o", "OUT", "--memory", "256KiB"]
+
+
+@pytest.fixture
+def data(tmp_path):
+    d = tmp_path / "run"
+    (d / "tmp").mkdir(parents=True)
+    blocklin.from_array(np.random.default_rng(7).standard_normal((N, N)), d / "A.zarr", chunks=(40, 40))
+    return d
+
+
+def _rewrite(path) -> np.ndarray:
+    """New values in place, as another program writes them (zarr.json untouched)."""
+    new = np.random.default_rng(8).standard_normal((N, N))
+    zarr.open_array(str(path), mode="r+")[...] = new
+    return new
+
+
+def _gemm_rewritten_mid_run(data, *extra: str) -> subprocess.CompletedProcess:
+    """``blocklin gemm A A`` through ``slow_cli.py``, ``A`` rewritten once 10 of its 36 tiles have started."""
+    mark = data / "C.mark"
+    env = {**os.environ, "BLOCKLIN_TEST_DELAY": "0.02", "BLOCKLIN_TEST_MARK": str(mark),
+           "BLOCKLIN_TEST_MARK_AFTER": "10"}
+    argv = cli_argv(GEMM, "C.zarr", "tmp", *extra)
+    proc = subprocess.Popen([sys.executable, str(SUPPORT / "slow_cli.py"), *argv], cwd=data, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not mark.exists():
+        assert proc.poll() is None, f"finished before the rewrite: {proc.communicate()}"
+        assert time.time() < deadline, "the run never reached its 10th tile"
+        time.sleep(0.002)
+    _rewrite(data / "A.zarr")
+    out, err = proc.communicate(timeout=120)
+    mark.unlink()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["plain", "resume"])
+def test_gemm_whose_input_is_rewritten_mid_run_commits_nothing(data, tmp_path, monkeypatch, resume):
+    extra = ("--resume",) if resume else ()
+    run = _gemm_rewritten_mid_run(data, *extra)
+    assert run.returncode == 1, run
+    assert "InputChangedError" in run.stderr and f"input {data / 'A.zarr'} changed during the run" in run.stderr
+    errors = [line for line in run.stderr.splitlines() if not line.startswith("blocklin: warning: resume:")]
+    assert len(errors) == 1 and "nothing was written" in errors[0]
+    assert not (data / "C.zarr").exists()
+    kept = leftovers(data)
+    if not resume:
+        assert kept == []
+        return
+    assert kept and all(".C.zarr.partial-" in k or k.startswith("tmp/blocklin-") for k in kept)
+    # the kept work is of the old values: the rerun starts over, and equals a fresh run on the new ones
+    monkeypatch.chdir(data)
+    with pytest.warns(BlocklinWarning, match="A.zarr changed since the interrupted run .*starting over"):
+        assert main(cli_argv(GEMM, "C.zarr", "tmp", "--resume")) == 0
+    fresh = tmp_path / "fresh"
+    shutil.copytree(data / "A.zarr", fresh / "A.zarr")
+    (fresh / "tmp").mkdir()
+    monkeypatch.chdir(fresh)
+    assert main(cli_argv(GEMM, "C.zarr", "tmp")) == 0
+    np.testing.assert_array_equal(zarr.open_array(str(data / "C.zarr"))[...],
+                                  zarr.open_array(str(fresh / "C.zarr"))[...])
+    assert leftovers(data) == []
+
+
+@pytest.mark.parametrize("out", ["X.npy", "X.csv", "X.zarr"])
+def test_export_whose_input_is_rewritten_mid_run_commits_nothing(data, monkeypatch, out):
+    real, seen = ZarrReader.read, []
+
+    def read_then_rewrite(self, rows, cols):
+        block = real(self, rows, cols)
+        if not seen:  # another program rewrites the input after the first block was read
+            seen.append(_rewrite(data / "A.zarr"))
+        return block
+
+    monkeypatch.setattr(ZarrReader, "read", read_then_rewrite)
+    with pytest.raises(InputChangedError, match=r"inputs: must keep their values .* changed during the run"):
+        blocklin.convert(data / "A.zarr", data / out, memory="4MiB", chunks=(40, 40))
+    assert seen and sorted(os.listdir(data)) == ["A.zarr", "tmp"]
+
+
+def _output_of(data, token=None, **kw) -> AtomicOutput:
+    ao = AtomicOutput(data / "C.zarr", inputs=[str(data / "A.zarr")], token=token, temp_dir=data / "tmp", **kw)
+    zarr.create_array(str(ao.array_path()), shape=(2, 2), dtype="f8", chunks=(2, 2))[...] = 1.0
+    return ao
+
+
+@pytest.mark.parametrize("token", [None, "t0"], ids=["plain", "resumable"])
+def test_commit_refuses_a_rewritten_input_and_takes_appended_rows(data, token):
+    ao = _output_of(data, token)
+    blocklin.open(data / "A.zarr").to_numpy()  # reading an input changes nothing of its stamp
+    blocklin.append(data / "A.zarr", np.ones((3, N)))  # the run covers the rows it opened
+    ao.commit("test")
+    assert zarr.open_array(str(data / "C.zarr"))[0, 0] == 1.0
+
+    with pytest.raises(InputChangedError, match="A.zarr changed during"), _output_of(data, token, overwrite=True) as ao:
+        zarr.open_array(str(data / "A.zarr"), mode="r+")[0, 0] = 5.0  # one chunk of the rows it read
+        ao.commit("test")
+    assert zarr.open_array(str(data / "C.zarr")).attrs["blocklin"]["operation"] == "test"  # the old output stays
+    assert sorted(os.listdir(data)) == ["A.zarr", "C.zarr", "tmp"], os.listdir(data)
