@@ -463,8 +463,21 @@ class AtomicOutput:
         self.release()
         return self.path
 
+    def _check_still_owned(self) -> None:
+        """Refuse the commit of a partial another run took over (a run on another host that found this
+        one's heartbeat older than the lease, as a process stopped that long leaves it): its markers
+        and chunks are that run's now, neither published nor touched here."""
+        current = ownership.read_record(self.partial)
+        if self.owner is not None and (current is None or current.get("run") != self.owner["run"]):
+            raise OutputBusyError(explain(
+                self.name, "must stay this run's output until it commits",
+                f"{self.partial.url!r} taken over during this run by "
+                f"{ownership.describe(current) if current else 'another run'}",
+                "run one job per output at a time; rerun this one once the other is done or gone"))
+
     def _commit_local(self, provenance: dict) -> None:
         partial = self.partial.url
+        self._check_still_owned()
         node = zarr.open(partial, mode="r+")
         node.attrs.update({"blocklin": provenance})
         shutil.rmtree(os.path.join(partial, _DONE), ignore_errors=True)
@@ -476,10 +489,15 @@ class AtomicOutput:
                                                 f"{final!r} appeared during the run",
                                                 "pass overwrite=True or choose another path"))
             check_replaceable(self.path, "zarr", self.name)
-        ownership.Heartbeat.release(self.partial)  # no heartbeat may recreate the record below
-        backend(self.partial).delete(OWNER_RECORD)
         remove_stray_temporaries(partial)
-        publish(partial, final)
+        # A claim that found the partial without its record would take its run for gone and remove it:
+        # from the record's removal to the rename, no claim runs (they take this lock).
+        with ownership.claim_lock(os.path.dirname(partial)):
+            self._check_still_owned()
+            ownership.Heartbeat.release(self.partial)  # no heartbeat may recreate the record below
+            backend(self.partial).delete(OWNER_RECORD)
+            old = swap_in(partial, final)
+        _remove_replaced(old)
 
     def _commit_in_place(self, provenance: dict) -> None:
         be = backend(self.path)
@@ -552,8 +570,10 @@ class AtomicOutput:
             owner = ownership.read_record(self.path)
             if owner is None or self.owner is None or owner.get("run") == self.owner["run"]:
                 backend(self.path).remove("")
-        else:
-            rmtree_owner_last(self.partial.url)
+        else:  # never a partial another run took over (its record names that run)
+            owner = ownership.read_record(self.partial)
+            if owner is None or self.owner is None or owner.get("run") == self.owner["run"]:
+                rmtree_owner_last(self.partial.url)
         self.owner, self._claimed = None, False
 
     def __enter__(self) -> AtomicOutput:
@@ -629,22 +649,33 @@ def report_removed(path: str, what: str) -> int:
 
 
 def publish(partial: str, final: str) -> None:
-    """Move the finished folder ``partial`` to ``final``, replacing what is there in one step.
+    """Move the finished folder ``partial`` to ``final``, replacing what is there in one step
+    (:func:`swap_in`), and remove what it replaced."""
+    _remove_replaced(swap_in(partial, final))
+
+
+def swap_in(partial: str, final: str) -> str | None:
+    """Move the finished folder ``partial`` to ``final``; returns where what it replaced now is (None
+    where ``final`` was free), for the caller to remove.
 
     With an existing ``final``, the two are exchanged atomically (``renameat2(RENAME_EXCHANGE)``,
-    Linux) and the old output, now at ``partial``, is removed; where that call is missing, ``final``
-    is first renamed aside (readers then briefly find no output, never a mix).
+    Linux) and the old output is then at ``partial``; where that call is missing, ``final`` is first
+    renamed aside (readers then briefly find no output, never a mix).
     """
     if not os.path.lexists(final):
         os.rename(partial, final)
-        return
+        return None
     if _exchange(partial, final):
-        old = partial
-    else:
-        old = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(final, old)
-        os.rename(partial, final)
-    shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) and not os.path.islink(old) else os.unlink(old)
+        return partial
+    old = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(final, old)
+    os.rename(partial, final)
+    return old
+
+
+def _remove_replaced(old: str | None) -> None:
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) and not os.path.islink(old) else os.unlink(old)
 
 
 def _exchange(a: str, b: str) -> bool:
