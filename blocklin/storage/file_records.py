@@ -35,11 +35,14 @@ _FIELDS = ("size", "mtime_ns", "ctime_ns", "dev", "ino")
 OWNER_SUFFIX = ".owner"
 
 
-def write_owner(partial: str | os.PathLike, **extra: Any) -> None:
-    """Record this process as the writer of the file export's partial ``partial`` (written whole)."""
+def write_owner(partial: str | os.PathLike, **extra: Any) -> dict:
+    """Record this process as the writer of the file export's partial ``partial`` (written whole);
+    returns the record."""
     from blocklin.storage.ownership import new_record
 
-    _write_whole(os.fspath(partial) + OWNER_SUFFIX, new_record(**extra))
+    rec = new_record(**extra)
+    _write_whole(os.fspath(partial) + OWNER_SUFFIX, rec)
+    return rec
 
 
 def read_owner(partial: str | os.PathLike) -> dict | None:

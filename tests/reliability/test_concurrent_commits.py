@@ -8,21 +8,27 @@ Two gaps of the local commit, beside the live-owner refusal of ``tests/storage/t
   other run's half-written partial into place as the output, and an error had removed it;
 * the commit deleted the partial's owner record before renaming it, outside the claim lock: a run
   claiming the same output in that window found a partial without a record, took its run for gone
-  and removed it, and the commit failed with the finished result lost.
+  and removed it, and the commit failed with the finished result lost;
+* a file export's commit renamed whatever file lay at its partial's name into place, the partial of
+  a run that had taken it over included (file exports keep no heartbeat, so on another host one
+  running past the lease looks gone).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
 from blocklin.errors import OutputBusyError
-from blocklin.storage import atomic, ownership
+from blocklin.storage import atomic, file_records, ownership
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.formats.base import AtomicFile
 
 
 def _output(tmp_path, **kw) -> AtomicOutput:
@@ -77,3 +83,20 @@ def test_no_claim_removes_a_partial_while_it_is_committed(tmp_path, monkeypatch)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "C.zarr"))[...], np.ones((2, 2)))
     rival["ao"].abort()
     assert [f for f in os.listdir(tmp_path) if ".partial-" in f or ".old-" in f] == []
+
+
+def test_a_file_export_taken_over_during_the_run_is_neither_published_nor_removed(tmp_path):
+    """File exports keep no heartbeat: a run on another host took a long export for gone and replaced
+    its partial with its own, which the first run's commit then renamed into place as the output."""
+    target = AtomicFile(tmp_path / "X.csv", kind="csv")
+    target.partial.write_text("1,2\n")
+    target.partial.rename(tmp_path / "taken")  # the other run removes the partial and writes its own
+    (tmp_path / "X.half").write_text("3,")
+    (tmp_path / "X.half").rename(target.partial)
+    other = {**ownership.new_record(operation="export", for_output=str(target.path)), "host": "node3", "pid": 4711}
+    Path(str(target.partial) + file_records.OWNER_SUFFIX).write_text(json.dumps(other))
+    with pytest.raises(OutputBusyError, match=r"taken over during this run by pid 4711 on node3"):
+        target.commit()
+    target.abort()
+    assert not (tmp_path / "X.csv").exists()
+    assert target.partial.read_text() == "3," and file_records.read_owner(target.partial)["run"] == other["run"]

@@ -199,6 +199,7 @@ class AtomicFile:
         self.kind = kind
         self.partial = self.path.parent / f".{self.path.name}.partial-{token or uuid.uuid4().hex[:16]}"
         self.committed = False
+        self._owner: dict | None = None
         # before the first block is read; the commit refuses if an input changed since (input_guard)
         self._inputs = [stamps.input_location(i) for i in inputs if i is not None]
         self._stamps = stamps.stamp_inputs(self._inputs)
@@ -207,7 +208,7 @@ class AtomicFile:
             if os.path.lexists(self.partial):  # a stale partial of the same job: file outputs restart
                 self._take_over()
             # who writes the partial, until it is committed or removed: `clean` removes it once that run is gone
-            file_records.write_owner(self.partial, operation="export", for_output=str(self.path))
+            self._owner = file_records.write_owner(self.partial, operation="export", for_output=str(self.path))
             AtomicFile._writing.add(str(self.partial))
 
     #: The partials this process is writing (a second writer of one in the same process is busy too).
@@ -237,22 +238,40 @@ class AtomicFile:
                                                 f"{str(self.path)!r} appeared during the run",
                                                 "pass overwrite=True or choose another path"))
             check_replaceable(self.path, self.kind)
-        os.replace(self.partial, self.path)
-        self.committed = True
+        with ownership.claim_lock(str(self.path.parent)):  # as a takeover, which replaces the partial
+            if not self._owns_partial():
+                owner = file_records.read_owner(self.partial)
+                raise OutputBusyError(explain(
+                    "out", "must stay this run's output until it commits",
+                    f"{str(self.partial)!r} taken over during this run by "
+                    f"{ownership.describe(owner) if owner else 'another run'}",
+                    "run one export per output at a time; rerun this one once the other is done or gone"))
+            os.replace(self.partial, self.path)
+            self.committed = True
+            file_records.drop_owner(self.partial)
         AtomicFile._writing.discard(str(self.partial))
         note_written(self.path)
-        file_records.drop_owner(self.partial)
         file_records.write(self.path, self.kind, datasets=datasets)
         return self.path
+
+    def _owns_partial(self) -> bool:
+        """Whether the partial is still this run's: a run on another host that took this one for gone
+        (file exports keep no heartbeat: one that runs past the lease looks gone there) replaced it
+        with its own, which this run may neither publish nor remove."""
+        owner = file_records.read_owner(self.partial)
+        return owner is not None and self._owner is not None and owner.get("run") == self._owner["run"]
 
     def abort(self) -> None:
         if not self.committed:
             AtomicFile._writing.discard(str(self.partial))
-            try:
-                self.partial.unlink()
-            except FileNotFoundError:
-                pass
-            file_records.drop_owner(self.partial)
+            with ownership.claim_lock(str(self.path.parent)):
+                if not self._owns_partial() and file_records.read_owner(self.partial) is not None:
+                    return  # another run's now
+                try:
+                    self.partial.unlink()
+                except FileNotFoundError:
+                    pass
+                file_records.drop_owner(self.partial)
 
 
 def nbytes(shape: tuple[int, ...], dtype: Any) -> int:
