@@ -23,7 +23,8 @@ older blocklin, leaves such a folder.
 
 Local claims are serialised by an advisory lock (``flock``) on the parent folder, held for the few
 milliseconds a claim takes; object stores have no locks, so a claim there writes the record and
-reads it back, and the commit checks the run id again.
+reads it back, and the commit checks the run id again (locally too, under the lock: a partial taken
+over during a run is never published by it).
 """
 
 from __future__ import annotations

@@ -131,6 +131,8 @@ def _how_many(old: dict, now: dict) -> str:
     if set(b) == {""}:
         return "its file differs"
     n = sum(1 for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if len(a) != len(b):  # files added or removed: "37 of 1 files differ" said neither
+        return f"{n} files differ, {len(a)} then, {len(b)} now"
     return f"{n} of {len(b)} files differ"
 
 

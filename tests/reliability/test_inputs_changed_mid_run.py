@@ -130,3 +130,12 @@ def test_commit_refuses_a_rewritten_input_and_takes_appended_rows(data, token):
         ao.commit("test")
     assert zarr.open_array(str(data / "C.zarr")).attrs["blocklin"]["operation"] == "test"  # the old output stays
     assert sorted(os.listdir(data)) == ["A.zarr", "C.zarr", "tmp"], os.listdir(data)
+
+
+def test_commit_refuses_an_input_another_run_replaced(data):
+    """Another run's ``--overwrite`` of A.zarr swaps the folder this run reads (with zeros: no chunk files)."""
+    with pytest.raises(InputChangedError, match=r"A.zarr changed during the run \(37 files differ, 37 then, 1 now\)"), \
+            _output_of(data, "t0") as ao:
+        blocklin.from_array(np.zeros((N, N)), data / "A.zarr", chunks=(40, 40), overwrite=True)
+        ao.commit("test")
+    assert sorted(os.listdir(data)) == ["A.zarr", "tmp"]
