@@ -806,7 +806,26 @@ def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tup
                 refusal = _flushed_line_refusal(A, fdt, symmetric=True)
             if refusal is not None:
                 raise refusal from err
+            if getattr(job, "math", None) not in HALF:
+                raise _narrow_pivot_refusal(err, fdt, job.math or "mixed") from err
         raise
+
+
+def _narrow_pivot_refusal(err: SingularMatrixError, fdt: np.dtype, precision: str) -> SingularMatrixError:
+    """``err`` (the LU's zero pivot, the Cholesky's pivot <= 0) of a float32 factorization of a float64
+    ``A`` whose range is not the cause: ``A`` rounded to float32 is singular or indefinite, as ``A`` is, or
+    only as float32 sees it (``cond(A)`` beyond about ``1 / eps_32``: ``[[1, 1], [1, 1 + 2^-30]]`` rounds
+    to a singular matrix). Named so, ``precision='double'`` first in the fix, of the same class: the
+    ridge or lstsq ``err`` suggests changes the problem, which the factorization in float64 may solve."""
+    rule, _, fix = str(err).rpartition(". Fix: ")
+    definite = "positive definite" if isinstance(err, NotPositiveDefiniteError) else "nonsingular"
+    e32 = float(np.finfo(fdt).eps)
+    message = (f"{rule}, in the {fdt.name} factorization precision='{precision}' makes of A rounded to {fdt.name}. Fix: pass precision='double' "
+               f"where A is {definite} but too ill-conditioned for {fdt.name} (cond(A) above about 1 / eps = "
+               f"{1 / e32:.1e}, where its rounding need not be {definite}); where it is not: {fix}")
+    if isinstance(err, NotPositiveDefiniteError):
+        return NotPositiveDefiniteError(message, pivot=err.pivot)
+    return SingularMatrixError(message)
 
 
 def _range_refusal(A: Any, B: Any, solver: _Solver, precision: str) -> Exception | None:
