@@ -17,7 +17,7 @@ from blocklin.config import resolve
 from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.operands import check_dask
-from blocklin.validate import in_memory_array
+from blocklin.validate import chunk_pair, in_memory_array
 from blocklin.peaks import block_peaks
 from blocklin.sparse import SparseMatrix
 from blocklin.storage.sparse import group_metadata, sparse_group_attributes
@@ -198,13 +198,8 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     if x.ndim != 2:
         raise ShapeError(explain("x", "must be 2-D (a matrix)", f"shape {tuple(x.shape)}",
                                  "reshape it, e.g. x.reshape(-1, 1) for a column vector"))
-    if isinstance(chunks, str):
-        if chunks != "auto":
-            raise ShapeError(explain("chunks", "must be 'auto' or (rows, cols)", repr(chunks), "pass chunks='auto'"))
-        chunks = auto_chunks(x.shape, x.dtype, cfg.memory)
-    chunks = tuple(int(c) for c in chunks)
-    if len(chunks) != 2 or min(chunks) < 1:
-        raise ShapeError(explain("chunks", "must be two positive integers", repr(chunks), "pass chunks=(1024, 1024)"))
+    chunks = auto_chunks(x.shape, x.dtype, cfg.memory) if isinstance(chunks, str) and chunks == "auto" else \
+        chunk_pair(chunks)
     with AtomicOutput(path, inputs=inputs, overwrite=overwrite, storage_options=storage_options) as ao:
         arr = create_array(ao.array_path(), shape=x.shape, dtype=x.dtype, chunks=chunks, codec=codec or cfg.codec)
         if is_dask:
@@ -249,9 +244,7 @@ def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: i
                                  "pass shape=(1000, 200)"))
     shape = (int(shape[0]), int(shape[1]))
     dt = np.dtype(dtype)
-    if isinstance(chunks, str):
-        chunks = auto_chunks(shape, dt, cfg.memory)
-    chunks = (int(chunks[0]), int(chunks[1]))
+    chunks = auto_chunks(shape, dt, cfg.memory) if isinstance(chunks, str) and chunks == "auto" else chunk_pair(chunks)
     bar = make_progress(progress)
     with AtomicOutput(path, overwrite=overwrite, storage_options=storage_options) as ao:
         arr = create_array(ao.array_path(), shape=shape, dtype=dt, chunks=chunks, codec=codec or cfg.codec)

@@ -258,6 +258,21 @@ MAX_COUNT = 2**63 - 1
 MAX_REFINE = 100
 
 
+def chunk_pair(value: Any, name: str = "chunks") -> tuple[int, int]:
+    """``value`` as the ``(rows, cols)`` sides of a store's chunks: two positive integers (not bools, not
+    2.5, which ``int()`` would have cut to 2). An int alone (NumPy's and zarr's every-axis spelling) had
+    raised "'int' object is not iterable"; it is refused by name, as a string other than ``"auto"``."""
+    try:
+        parts = tuple(value) if not isinstance(value, str) else ()
+    except TypeError:
+        parts = ()
+    if len(parts) != 2 or not all(is_int(p) for p in parts) or min(parts) < 1 or max(parts) > MAX_COUNT:
+        fix = f"pass chunks=({value}, {value}) for square chunks" if is_int(value) and value >= 1 else \
+            "pass chunks='auto', or two positive integers such as chunks=(1024, 1024)"
+        raise ShapeError(explain(name, "must be 'auto' or (rows, cols), two positive integers", repr(value), fix))
+    return int(parts[0]), int(parts[1])
+
+
 def count(name: str, value: Any, *, fix: str, minimum: int = 0, auto: tuple[Any, ...] = (),
           maximum: int | None = None, why: str = "") -> Any:
     """An integer ``>= minimum`` and ``<= maximum`` (at most :data:`MAX_COUNT`), or one of the
