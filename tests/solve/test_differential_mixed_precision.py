@@ -24,7 +24,7 @@ def _singular_in_float32(n: int = 40) -> tuple[np.ndarray, np.ndarray]:
     return a, rng.standard_normal(n)
 
 
-@pytest.mark.parametrize("memory", ["64MiB", "256KiB"])
+@pytest.mark.parametrize("memory", [pytest.param("64MiB", marks=pytest.mark.slow), "256KiB"])
 @pytest.mark.parametrize("assume_a, error", [("gen", SingularMatrixError), ("pos", NotPositiveDefiniteError)])
 def test_mixed_precision_of_an_a_singular_only_in_float32_names_the_precision(assume_a, error, memory):
     """``precision="mixed"`` factors ``A`` rounded to float32, which is singular (the LU's zero pivot) or
