@@ -709,7 +709,9 @@ def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
     if x is None or not np.isfinite(x).all():
         zero = np.flatnonzero(np.diagonal(tri) == 0)
         where = f"{ZERO_DIAGONAL} {i * t + int(zero[0])}" if zero.size else \
-            f"a singular or overflowing diagonal tile at rows {i * t}:{i * t + tii.shape[0]}"
+            f"a singular or overflowing diagonal tile at rows {i * t}:{i * t + tii.shape[0]}" + (
+                "" if spec.check else ", or a NaN or Inf in the right-hand side (check_finite=False skipped the "
+                "check that names it)")
         raise SingularMatrixError(explain(spec.a_name, "must be nonsingular (no zero on the diagonal)", where,
                                           "check the factor, or regularize the system (lam > 0)"))
     spec.out.write(i, c, t, x)

@@ -192,3 +192,25 @@ def test_factorizations_and_solves_agree_on_every_scheduler(scheduler, request, 
     assert_factorization(g, c @ c.T, factors=(c, c))
     inv = bl.inv(A, memory="1MiB", scheduler=sched).to_numpy()
     assert_solve(inv, np.linalg.inv(a), a)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_triangular_solve_without_the_finite_check_names_a_nonfinite_t_not_a_singular_one(bad):
+    """``check_finite=False`` with a NaN or Inf off the diagonal of ``t`` (whose diagonal is 2): the
+    substitution's NaN had been refused as "a singular or overflowing diagonal tile" (the pass that
+    looks for the range dropped the NaN: Python's ``max(0.0, nan)`` is 0.0). ``t`` is named non-finite;
+    a NaN in ``b`` is named as a possible cause."""
+    n = 20
+    t = np.triu(np.ones((n, n))) + np.eye(n)
+    t[1, 17] = bad
+    with pytest.raises(bl.errors.NonFiniteError, match=r"t: must be finite for a triangular solve.*got largest "
+                       rf"magnitude {bad}"):
+        bl.solve_triangular(t, np.ones(n), check_finite=False, tile=8)
+    t[1, 17] = 1.0
+    b = np.ones(n)
+    b[15] = bad
+    with pytest.raises(bl.errors.SingularMatrixError, match=r"or a NaN or Inf in the right-hand side "
+                       r"\(check_finite=False skipped the check"):
+        bl.solve_triangular(t, b, check_finite=False, tile=8)
+    x = bl.solve_triangular(t, np.ones(n), check_finite=False, tile=8).to_numpy()  # finite: solved
+    assert_solve(x, sl.solve_triangular(t, np.ones((n, 1))), t)

@@ -491,11 +491,12 @@ def max_and_smallest_nonzero(op: Any) -> tuple[float, float]:
 
 def triangle_max_abs(op: Any, *, lower: bool) -> float:
     """``max |t_ij|`` over the ``lower`` (or upper) triangle of a stored square operand, diagonal included:
-    one pass by bands, the other triangle ignored (a packed factor's, or anything the solve does not read)."""
+    one pass by bands, the other triangle ignored (a packed factor's, or anything the solve does not read).
+    NaN where the triangle holds one."""
     top = 0.0
     for r0, block in _row_bands(op):
         part = np.tril(block, r0) if lower else np.triu(block, r0)
-        top = max(top, float(part.max()))
+        top = float(np.maximum(top, part.max()))  # NaN kept (Python's max drops it)
     return top
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from blocklin.config import Settings
 from blocklin.errors import ParameterError, SingularMatrixError, explain
-from blocklin.linalg.blocks.scaling import triangle_max_abs
+from blocklin.linalg.blocks.scaling import refuse_nonfinite, triangle_max_abs
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.operands import as_columns, decoded_chunks
@@ -141,6 +141,8 @@ def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region
         if ZERO_DIAGONAL in str(err):
             raise
         amax = triangle_max_abs(T, lower=lower)
+        # check_finite=False: a NaN or Inf in T had been named a singular or overflowing diagonal tile
+        refuse_nonfinite(amax, "a triangular solve", name)
         if not (0.0 < amax < math.inf):
             raise
         q = -int(np.frexp(amax)[1])
