@@ -214,3 +214,14 @@ def test_triangular_solve_without_the_finite_check_names_a_nonfinite_t_not_a_sin
         bl.solve_triangular(t, b, check_finite=False, tile=8)
     x = bl.solve_triangular(t, np.ones(n), check_finite=False, tile=8).to_numpy()  # finite: solved
     assert_solve(x, sl.solve_triangular(t, np.ones((n, 1))), t)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (3, 5)])
+def test_qr_without_the_finite_check_refuses_a_nan_that_stays_off_rs_diagonal(shape):
+    """``check_finite=False``, ``A = 2 I`` with ``a_12 = NaN``: LAPACK's ``R`` is ``2 I`` with ``r_12 = NaN``,
+    which the refusal, reading only ``R``'s diagonal, had let through (the TSQR of ``R`` alone, and the
+    wide route's leading block): refused as the other routes do (docs/engine.md)."""
+    a = 2.0 * np.eye(*shape)
+    a[1, 2] = np.nan
+    with pytest.raises(bl.errors.NonFiniteError, match=r"a: must be finite for qr.*got largest magnitude nan"):
+        bl.qr(a, check_finite=False)

@@ -222,6 +222,7 @@ def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix
     # complex strips are factored on the CPU (the device's streaming QR keeps real sums)
     result = tsqr_pass(job, A, None, A.dtype, device="cpu" if np.dtype(A.dtype).kind == "c" else None)
     r = positive_diagonal(result.r).astype(A.dtype, copy=False)
+    _refuse_nonfinite_r(r)
     ao = job.claim(out, [A], overwrite=overwrite)
     chunk = min(max(n, 1), 1024)
     create_array(ao.array_path(), shape=(n, n), dtype=A.dtype, chunks=(chunk, chunk), codec=job.cfg.codec)
@@ -258,6 +259,7 @@ def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
         check_finite(a1, "a", slice(0, m), slice(0, m))
     q1, r1 = np.linalg.qr(a1)
     del a1
+    _refuse_nonfinite_r(r1)
     d = diagonal_signs(r1)  # the R with a non-negative (real) diagonal, as every blocklin QR
     r1, q1 = positive_diagonal(r1), signed_columns(q1, d)
     ao, qo = _outputs(job, A, "qr", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=False,
@@ -360,6 +362,15 @@ def _commit(job: Job, ao: Any, qo: Any, plan: dict, params: dict, report: dict, 
     if qo is None:
         return R
     return job.finish(qo, q, report, operation="qr", plan=plan, params={**params, "factor": "Q"}, keys=REPORT_KEYS), R
+
+
+def _refuse_nonfinite_r(r: np.ndarray) -> None:
+    """check_finite=False: an ``R`` held in core with a NaN or Inf anywhere is refused, as one on its
+    diagonal is (:func:`_report`): a NaN of ``A`` can stay above the diagonal alone (``a_12`` of
+    ``2 I``: LAPACK's ``R`` is ``2 I`` with ``r_12 = NaN``), and that ``R`` had been returned."""
+    finite = np.isfinite(r)
+    if not finite.all():
+        refuse_nonfinite(float(np.abs(r[~finite].ravel()[0])), "qr")
 
 
 def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int, plan: dict,
