@@ -225,3 +225,23 @@ def test_qr_without_the_finite_check_refuses_a_nan_that_stays_off_rs_diagonal(sh
     a[1, 2] = np.nan
     with pytest.raises(bl.errors.NonFiniteError, match=r"a: must be finite for qr.*got largest magnitude nan"):
         bl.qr(a, check_finite=False)
+
+
+@pytest.mark.parametrize("where,kw", [
+    ("a", {"lam": 0.5}), ("b", {"lam": 0.5, "method": "qr"}), pytest.param("a", {"lam": 0.5, "method": "qr"}, marks=SLOW),
+    pytest.param("b", {"lam": 0.5}, marks=SLOW), pytest.param("a", {"lam": [0.1, 1.0], "method": "normal"}, marks=SLOW),
+    pytest.param("b", {"lam": [0.1, 1.0], "method": "normal"}, marks=SLOW),
+])
+def test_ridge_without_the_finite_check_names_the_nonfinite_operand(where, kw):
+    """``check_finite=False`` with a NaN in ``a`` (an Inf in ``b``): the tall ridge's Gram matrix or R factor
+    (``A^T b``, ``Q^T b``) carried it into NumPy's eigensolver or SVD, which raised ``LinAlgError: SVD did
+    not converge``; refused by name, as the square solves refuse it (docs/engine.md)."""
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((40, 6)), np.ones(40)
+    if where == "a":
+        a[2, 1] = np.nan
+    else:
+        b[2] = np.inf
+    with pytest.raises(bl.errors.NonFiniteError, match=rf"{where}: must be finite for a least-squares or ridge "
+                       r"solve.*check_finite=False"):
+        bl.solve(a, b, check_finite=False, **kw)

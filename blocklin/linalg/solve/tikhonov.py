@@ -17,7 +17,7 @@ import numpy as np
 from blocklin.errors import ParameterError, SingularMatrixError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.result_range import check_columns, column_maxima, refuse_flushed_rhs, scaled_columns
-from blocklin.linalg.blocks.scaling import Scaling
+from blocklin.linalg.blocks.scaling import Scaling, refuse_nonfinite
 from blocklin.plan.chunks import auto_chunks
 from blocklin.runtime.job import Job
 from blocklin.runtime.powers import ldexp
@@ -114,7 +114,14 @@ class TikhonovRun:
         return out | {"ea": self.sa.exponent, "eb": self.sb.exponent} | cols
 
     def adopt(self, rec: dict) -> None:
-        """The exponents of a pass's record (fresh or resumed); ``lams`` of the scaled problem."""
+        """The exponents of a pass's record (fresh or resumed); ``lams`` of the scaled problem. With
+        ``check_finite=False``, a NaN or Inf of the data in its sums (``A^T A``, ``R``; ``A^T b``, ``Q^T b``,
+        ``||b||^2``) is refused by name: it had reached NumPy's eigensolver or SVD, "SVD did not converge"."""
+        if not self.job.check_finite:
+            for key, name in (("g", "a"), ("r", "a"), ("c", "b"), ("qtb", "b"), ("bb", "b")):
+                if key in rec and np.size(rec[key]):
+                    refuse_nonfinite(float(np.max(np.abs(np.asarray(rec[key])))), "a least-squares or ridge solve",
+                                     name)
         if "ea" in rec and not self.sa.known:
             self.sa.e, self.sb.e = int(rec["ea"]), int(rec["eb"])
             if "eb_columns" in rec:
