@@ -245,3 +245,19 @@ def test_ridge_without_the_finite_check_names_the_nonfinite_operand(where, kw):
     with pytest.raises(bl.errors.NonFiniteError, match=rf"{where}: must be finite for a least-squares or ridge "
                        r"solve.*check_finite=False"):
         bl.solve(a, b, check_finite=False, **kw)
+
+
+@pytest.mark.parametrize("bad,assume_a", [(np.nan, "gen"), (np.inf, "pos")])
+def test_square_solve_without_the_finite_check_names_a_nonfinite_b_not_as_range(bad, assume_a):
+    """``check_finite=False`` with a NaN or Inf in ``b`` of a well-conditioned square system: the overflowed
+    substitutions had been refused as ``a``'s range ("must keep the substitutions' products within
+    float64's range ... scale a and b", "max |b| / min |u_ii| = 0": the NaN dropped), a fix that cannot
+    hold; ``b`` is named non-finite."""
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((30, 30)) + 6 * np.eye(30)
+    a = a @ a.T if assume_a == "pos" else a
+    b = np.ones(30)
+    b[4] = bad
+    with pytest.raises(bl.errors.NonFiniteError, match=rf"b: must be finite for a square solve.*got largest "
+                       rf"magnitude {bad}"):
+        bl.solve(a, b, assume_a=assume_a, check_finite=False)

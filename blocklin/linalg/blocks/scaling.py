@@ -447,15 +447,16 @@ def safe_norm(ops: Any, region: Any, sumsq: float) -> float:
     return math.sqrt(sumsq) if sumsq_in_range(sumsq) and sumsq != 0.0 else ops.norm(region)
 
 
-def max_abs(op: Any) -> float:
+def max_abs(op: Any, *, keep_nan: bool = False) -> float:
     """``max |a_ij|`` of a stored operand: its recorded peaks where they are current (no read), else a
-    pass over its rows by bands (a check that no pass plans: ``precision=`` narrower than the data)."""
+    pass over its rows by bands (a check that no pass plans: ``precision=`` narrower than the data).
+    ``keep_nan``: NaN where the operand holds one (else the NaN is passed over, as Python's ``max`` does)."""
     rec = _recorded_max_abs(op)
     if rec is not None:
         return rec
     top = 0.0
     for _, block in _row_bands(op):
-        top = max(top, float(block.max()))
+        top = float(np.maximum(top, block.max())) if keep_nan else max(top, float(block.max()))
     return top
 
 

@@ -24,8 +24,8 @@ from blocklin.linalg.blocks import equilibrate as _equilibrate
 from blocklin.linalg.blocks.result_range import (ColumnRange, lu_growth_error, magnitude, refuse_columns,
                                                  solution_range_error, stored_columns, subnormal_note, wide_name)
 from blocklin.linalg.blocks.scaling import (backward_error, flushed_line, fro_norm, max_abs, narrow_range,
-                                             narrow_range_refusal, range_refusal, refuse_nonfinite, safe_norm,
-                                             sumsq_in_range)
+                                             narrow_range_refusal, nonfinite_refusal, range_refusal, refuse_nonfinite,
+                                             safe_norm, sumsq_in_range)
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
                                             check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
 from blocklin.device.half import FORMATS
@@ -836,6 +836,10 @@ def _range_refusal(A: Any, B: Any, solver: _Solver, precision: str) -> Exception
     times the largest), without another pass over ``A``; in mixed precision first ``A``'s cast to float32.
     None otherwise (a singular ``A``: its error stands)."""
     f, sdt = solver.f, solver.dtype
+    # check_finite=False: a NaN or Inf of b (max |b| / min pivot is NaN or Inf) had been named a's range
+    nonfinite = nonfinite_refusal(max_abs(B, keep_nan=True), "a square solve", "b")
+    if nonfinite is not None:
+        return nonfinite
     if precision != "double":
         narrow = narrow_range_refusal(max_abs(A), A.dtype, f.plan.dtype, "pass precision='double', or scale a by "
                                       "a power of two into float32's range")
