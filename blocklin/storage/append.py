@@ -24,32 +24,36 @@ modified).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from blocklin.config import format_size, resolve
-from blocklin.errors import (BudgetError, DTypeError, OutputBusyError, ParameterError, ShapeError, StoreNotFoundError,
-                             StoreReadError, UncommittedOutputError, explain)
+from blocklin.errors import (BudgetError, ParameterError, ShapeError, StoreNotFoundError, StoreReadError,
+                             UncommittedOutputError, explain)
 from blocklin.progress import make_progress
 from blocklin.storage import ownership
 from blocklin.storage.backend import backend
 from blocklin.storage.completeness import STORED_KEY, stored_chunk_indices
-from blocklin.storage.location import Location, as_location
+from blocklin.storage.location import Location
 from blocklin.storage.recorded_peaks import PeakTally, recordable, recorded, record as record_peaks
 from blocklin.storage.records import PENDING_RECORD
+from blocklin.storage.append_dtypes import append_dtype, check_exact
+from blocklin.storage.append_journal import JOURNAL
+from blocklin.storage.append_journal import check_not_busy as _check_not_busy
+from blocklin.storage.append_journal import exclusive as _exclusive
+from blocklin.storage.append_journal import interrupted_refusal as _interrupted_refusal
+from blocklin.storage.append_journal import matrix_location as _location
+from blocklin.storage.append_journal import read_journal as _journal
+from blocklin.storage.append_journal import source_stamp as _source_stamp
 from blocklin.storage.stamps import file_stamps
 from blocklin.storage.versions import VERSIONS_KEY, chunk_grid, data_stamp, history, now, read_meta
 from blocklin.storage.zarr_store import _from_metadata, read_block, write_block
 from blocklin.validate import in_memory_array
 
-#: The journal of an append under way (or interrupted) inside the matrix's folder or prefix.
-JOURNAL = ".blocklin-append.json"
 #: Copies of a panel an append holds at once: the source block, its cast, zarr's write temporaries.
 PANEL_COPIES = 3
 
@@ -176,37 +180,13 @@ def _check_source(reader: Any, meta: dict, loc: Location) -> np.dtype:
     if reader.shape[1] != n:
         raise ShapeError(explain("rows", f"must have the matrix's {n} columns", f"{reader.shape[0]} x "
                                  f"{reader.shape[1]}", f"append rows of width {n} to {loc.url}"))
-    src = np.dtype(reader.dtype)
-    kinds = "biufc" if dt.kind == "c" else "biuf"  # complex rows into a complex matrix (real rows too: exact)
-    if src.kind not in kinds or not np.can_cast(src, dt, "safe") and not (src.kind in "iub" and dt.kind in "fc"):
-        lost = " (the imaginary parts)" if src.kind == "c" and dt.kind != "c" else ""
-        raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss{lost}", src.name,
-                                 f"cast the rows first (rows.astype('{dt.name}')) if the loss is intended"))
-    return dt
+    return append_dtype(reader.dtype, dt)
 
 
 def _check_exact(src: np.ndarray, dt: np.dtype, first: int) -> None:
-    """Integer rows the matrix's float dtype cannot hold exactly (beyond ``2^(p+1)``: an int64 ``2^53 + 1``
-    in float64, an int32 ``2^24 + 1`` in float32) are refused, naming the first: they had been rounded
-    silently (found by a randomized search). ``first``: the row of ``src``'s first among the rows given."""
-    if src.dtype.kind not in "iu" or dt.kind not in "fc" or not src.size:
-        return
-    limit = 2 ** (np.finfo(dt).nmant + 1)
-    if np.iinfo(src.dtype).max <= limit:  # every value exact (NumPy calls int64 to float64 "safe": it is not)
-        return
-    big = (src > limit) | (src < -limit) if src.dtype.kind == "i" else src > limit
-    if not big.any():
-        return
-    with np.errstate(invalid="ignore", over="ignore"):
-        exact = ~big | (src.astype(dt).astype(src.dtype) == src)
-        cast = src.astype(dt)
-    if exact.all():
-        return
-    i, j = np.argwhere(~exact)[0]
-    raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss",
-                             f"{int(src[i, j])} at row {first + i}, column {j} of the rows, which {dt.name} holds as "
-                             f"{cast[i, j].real:.17g}", "append to a matrix of a wider dtype (float64), or cast the "
-                             f"rows first (rows.astype('{dt.name}')) if the rounding is intended"))
+    """:func:`~blocklin.storage.append_dtypes.check_exact` of a panel whose first row is row ``first`` of
+    the rows given."""
+    check_exact(src, dt, lambda at: f"row {first + at[0]}, column {at[1]} of the rows")
 
 
 def _panel_rows(chunk: int, width: int, dt: np.dtype, memory: int) -> int:
@@ -218,25 +198,6 @@ def _panel_rows(chunk: int, width: int, dt: np.dtype, memory: int) -> int:
                                   "appending", format_size(memory), f"pass memory='{format_size(need)}' or more "
                                   f"({PANEL_COPIES} copies of {chunk} rows x {width} columns)"), minimum=need)
     return max(chunk, memory // row_bytes // chunk * chunk)
-
-
-def _journal(loc: Location) -> dict | None:
-    raw = backend(loc).try_read(JOURNAL)
-    if raw is None:
-        return None
-    try:
-        rec = json.loads(raw)
-    except ValueError:
-        return {}
-    return rec if isinstance(rec, dict) else {}
-
-
-def _check_not_busy(loc: Location, rec: dict) -> None:
-    owner = rec.get("owner")
-    if ownership.is_alive(owner) and not ownership.is_mine(owner):
-        raise OutputBusyError(f"another append is writing {loc.url} ({ownership.describe(owner)}). Fix: wait for it "
-                              "to finish; if it was stopped, run the same append again or roll it back "
-                              f"(blocklin append --rollback {loc.url})")
 
 
 def _versions_before(loc: Location, meta: dict) -> list[dict]:
@@ -304,23 +265,6 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
     cfg = resolve(memory=memory)
     with _exclusive(_location(a, storage_options)):  # a second append here waits for this one
         return _append(a, rows, cfg.memory, storage_options, progress, nan, from_format, reader_options)
-
-
-def _location(a: Any, storage_options: dict | None) -> Location:
-    if hasattr(a, "path") and not isinstance(a, (str, Location)):  # a Matrix
-        a = a.path
-    return as_location(a, storage_options, name="a")
-
-
-@contextlib.contextmanager
-def _exclusive(loc: Location) -> Iterator[None]:
-    """Appends to one local matrix one at a time (an advisory lock on its folder); object stores have
-    no locks: there the journal's owner record refuses a second append."""
-    if not loc.is_local or not os.path.isdir(loc.url):
-        yield
-        return
-    with ownership.claim_lock(loc.url):
-        yield
 
 
 def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progress: Any, nan: str,
@@ -434,35 +378,6 @@ def _rewritten(loc: Location, rows: int) -> dict:
     """A version recording that the rows were rewritten (not by an append): results computed before
     it are not updated from it (:func:`blocklin.storage.versions.growth`)."""
     return {"rows": rows, "stamp": data_stamp(loc), "at": now(), "rewritten": True}
-
-
-def _interrupted_refusal(loc: Location, rec: dict, stamp: str | None) -> ParameterError:
-    """The refusal of an append while another one's journal is there. Rows given in memory carry no stamp,
-    so neither an interrupted append of such rows nor one of stored rows can be finished by them: the fix
-    says so (it had called the same array "other rows" and asked to run that append again, which is
-    refused again)."""
-    held = f"{loc.url} holds an append of {rec.get('source', '?')} (rows {rec.get('from_rows')} to " \
-           f"{rec.get('to_rows')}) that did not finish"
-    rollback = f"blocklin append --rollback {loc.url} (blocklin.rollback_append)"
-    if rec.get("source_stamp") is None:
-        return ParameterError(explain(
-            "a", "must not hold an interrupted append; one of rows given in memory cannot be finished (nothing "
-            "identifies them afterwards)", held, f"roll it back first: {rollback}, then append the rows again"))
-    if stamp is None:
-        return ParameterError(explain(
-            "a", "must not hold an interrupted append of stored rows, which rows given in memory cannot finish",
-            held, f"run the append of that stored source again to finish it, or roll it back first: {rollback}"))
-    return ParameterError(explain("a", "must not hold an interrupted append of other rows", held,
-                                  f"run that append again to finish it, or roll it back first: {rollback}"))
-
-
-def _source_stamp(src_loc: Location | None) -> str | None:
-    """The content stamp of stored rows (None in memory: an interrupted append of an array is rolled back)."""
-    if src_loc is None:
-        return None
-    from blocklin.storage.stamps import content_stamp
-
-    return content_stamp(src_loc)
 
 
 def _copy(loc: Location, meta: dict, reader: Any, m0: int, p: int, dt: np.dtype, panel: int, nan: str,
