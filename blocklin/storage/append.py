@@ -49,6 +49,8 @@ from blocklin.storage.append_journal import interrupted_refusal as _interrupted_
 from blocklin.storage.append_journal import matrix_location as _location
 from blocklin.storage.append_journal import read_journal as _journal
 from blocklin.storage.append_journal import source_stamp as _source_stamp
+from blocklin.storage.sparse import is_sparse
+from blocklin.storage.sparse_append import append_sparse, rollback_sparse
 from blocklin.storage.stamps import file_stamps
 from blocklin.storage.versions import VERSIONS_KEY, chunk_grid, data_stamp, history, now, read_meta
 from blocklin.storage.zarr_store import _from_metadata, read_block, write_block
@@ -68,14 +70,6 @@ def _target(a: Any, storage_options: dict | None) -> tuple[Location, dict]:
         if not be.exists(""):
             raise StoreNotFoundError(explain("a", "must name an existing zarr array", f"{loc.url!r}, which does "
                                              "not exist", "convert the first rows: blocklin convert FILE A.zarr"))
-        from blocklin.storage.sparse import is_sparse
-
-        if is_sparse(loc):  # blocklin's own, but its arrays are the CSR layout's: no rows are appended to it yet
-            raise ParameterError(explain(
-                "a", "must be a dense zarr array: rows are not appended to a stored sparse matrix (blocklin-csr "
-                "group) yet", f"{loc.url!r}, a sparse matrix", "write the grown matrix again (blocklin.from_sparse("
-                "scipy.sparse.vstack([old, new]), PATH, overwrite=True)) and recompute its results, or append to a "
-                "dense copy (blocklin convert S.zarr S.mtx, then blocklin convert S.mtx D.zarr --dense)"))
         raise StoreReadError(explain("a", "must be a zarr v3 array that blocklin wrote", repr(loc.url),
                                      "convert it first: blocklin convert A A2.zarr, then append to A2.zarr"))
     if be.try_read(PENDING_RECORD) is not None:
@@ -263,7 +257,11 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
     if nan not in ("allow", "error"):
         raise ParameterError(explain("nan", "must be 'allow' or 'error'", repr(nan), "pass nan='error'"))
     cfg = resolve(memory=memory)
-    with _exclusive(_location(a, storage_options)):  # a second append here waits for this one
+    loc = _location(a, storage_options)
+    with _exclusive(loc):  # a second append here waits for this one
+        if is_sparse(loc):  # a blocklin-csr group: its CSR arrays are extended (storage.sparse_append)
+            return append_sparse(loc, rows, memory=cfg.memory, progress=progress, nan=nan, from_format=from_format,
+                                 reader_options=reader_options)
         return _append(a, rows, cfg.memory, storage_options, progress, nan, from_format, reader_options)
 
 
@@ -434,7 +432,10 @@ def rollback(a: Any, *, storage_options: dict | None = None) -> dict:
     same version's (so results computed before stay updatable). Returns ``{"interrupted": whether an
     append was, "removed": chunk files removed, "rows": the matrix's rows}``.
     """
-    with _exclusive(_location(a, storage_options)):
+    loc = _location(a, storage_options)
+    with _exclusive(loc):
+        if is_sparse(loc):
+            return rollback_sparse(loc)
         return _rollback(a, storage_options)
 
 

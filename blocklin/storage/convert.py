@@ -413,7 +413,7 @@ def _hdf5_sparse(path: str, member: str | None) -> bool:
     return os.path.isfile(path) and hdf5_member_kind(path, member) == "sparse"
 
 
-def _sparse_source(src: str, *, member: str | None = None, sparse_format: str | None = None,
+def sparse_source(src: str, *, member: str | None = None, sparse_format: str | None = None,
                    from_format: str | None = None) -> Any:
     """The coordinate source at ``src``: a Matrix Market coordinate file, a SciPy ``.npz``, or the HDF5
     group ``member`` of ``src`` holding a CSR or CSC matrix (``sparse_format`` when the group does not
@@ -456,7 +456,7 @@ def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, 
         fmt = {".mtx": "mtx", ".mm": "mtx", ".npz": "npz"}.get(ext, ext.lstrip(".") or "?")
         return export_sparse(path, out, fmt, memory=memory, overwrite=overwrite, progress=progress)
     check_output_path(out, [path], overwrite=overwrite)
-    source = _sparse_source(path, member=member if route == "hdf5" else None, sparse_format=sparse_format,
+    source = sparse_source(path, member=member if route == "hdf5" else None, sparse_format=sparse_format,
                             from_format=from_format)
     params = {"from": source.kind}
     if route == "hdf5":

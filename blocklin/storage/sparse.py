@@ -321,16 +321,20 @@ class SparseStore:
         self.dtype = np.dtype(attrs["dtype"])
         self.nnz = int(attrs["nnz"])
         group = zarr.open_group(store=zarr_store(loc, read_only=True), mode="r")
+        m = self.shape[0]
         try:
             self.indptr, self.indices, self.data = group["indptr"], group["indices"], group["data"]
-            self.row_blocks = np.asarray(group["row_blocks"][:], np.int64)
+            blocks = group["row_blocks"]
+            # the attributes are the matrix: an append extends the arrays first and commits them last
+            # (storage.sparse_append), so an array may be longer than they say; the rest is not read
+            b = int(attrs.get("row_blocks", blocks.shape[0] - 1))
+            self.row_blocks = np.asarray(blocks[: b + 1], np.int64) if blocks.shape[0] >= b + 1 else np.empty(0)
         except KeyError as exc:
             raise FormatError(explain(name, f"a {FORMAT_NAME} group must hold the arrays {ARRAYS}",
                                       f"{exc} missing in {loc.url!r}", "convert the source file again")) from None
-        m = self.shape[0]
-        if self.indptr.shape != (m + 1,) or self.indices.shape != (self.nnz,) or self.data.shape != (self.nnz,) \
+        if self.indptr.shape[0] < m + 1 or self.indices.shape[0] < self.nnz or self.data.shape[0] < self.nnz \
                 or self.row_blocks.size < 1 or self.row_blocks[0] != 0 or self.row_blocks[-1] != m:
-            raise FormatError(explain(name, "the arrays' lengths must match the attributes (indptr m+1, indices "
+            raise FormatError(explain(name, "the arrays must hold what the attributes say (indptr m+1, indices "
                                       "and data nnz, row_blocks from 0 to m)",
                                       f"indptr {self.indptr.shape}, indices {self.indices.shape}, data "
                                       f"{self.data.shape}, nnz {self.nnz}, m {m} in {loc.url!r}",
