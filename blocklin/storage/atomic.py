@@ -113,9 +113,9 @@ def _covered_version(loc: Any, today: dict, rows: int) -> dict | None:
     since it opened the input (today's shape has more rows): the version of ``rows`` rows, whose rows
     no append changes. None where the history does not lead from it to today's by appends alone (no
     coverage: an update is refused rather than told the result holds rows it never read)."""
-    from blocklin.storage.versions import history, read_meta
+    from blocklin.storage.versions import input_history
 
-    chain = history(read_meta(loc) or {})
+    chain = input_history(loc)
     last = max((j for j, v in enumerate(chain) if v.get("rows") == rows), default=None)
     if last is None or rows > today["shape"][0] or any(v.get("rewritten") for v in chain[last + 1:]) or \
             today["stamp"] not in [chain[-1].get("stamp")] + list(chain[-1].get("aliases") or []):

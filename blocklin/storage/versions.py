@@ -34,6 +34,8 @@ from blocklin.storage.stamps import file_stamps
 VERSIONS_KEY = "blocklin_versions"
 #: Metadata objects of a zarr node, left out of the data stamp (an append rewrites them).
 _METADATA = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
+#: ``format`` of the coverage of a stored sparse matrix (the layout's name).
+SPARSE_FORMAT = "blocklin-csr"
 
 
 def data_stamp(loc: Location, entries: dict[str, str] | None = None) -> str:
@@ -74,6 +76,18 @@ def history(meta: dict) -> list[dict]:
     return [v for v in versions if isinstance(v, dict)] if isinstance(versions, list) else []
 
 
+def input_history(loc: Location) -> list[dict]:
+    """The versions recorded of the stored input at ``loc``: a zarr array's, or a sparse group's (its
+    attributes hold them); empty for anything else."""
+    meta = read_meta(loc)
+    if meta is not None:
+        return history(meta)
+    from blocklin.storage.sparse import sparse_attributes
+
+    attrs = sparse_attributes(loc)
+    return history({"attributes": attrs}) if attrs is not None else []
+
+
 def chunk_grid(meta: dict) -> tuple[int, ...]:
     """The chunk shape of v3 metadata (regular grids)."""
     return tuple(int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"])
@@ -85,9 +99,46 @@ def coverage(loc: Location, entries: dict[str, str] | None = None) -> dict | Non
     as for :func:`data_stamp`."""
     meta = read_meta(loc)
     if meta is None:
-        return None
+        return _sparse_coverage(loc, entries)
     return {"url": loc.url, "shape": [int(s) for s in meta["shape"]], "chunks": list(chunk_grid(meta)),
             "dtype": str(meta.get("data_type")), "stamp": data_stamp(loc, entries)}
+
+
+def _sparse_coverage(loc: Location, entries: dict[str, str] | None) -> dict | None:
+    """The coverage of a stored sparse matrix (a ``blocklin-csr`` group, whose attributes hold its shape
+    and history): ``format`` says so, ``chunks`` is its entry chunk. Where the chunk files were listed
+    before an append committed (``entries``), the version they hold, by its recorded stamp; None
+    where no version has it (the group changed otherwise)."""
+    from blocklin.storage.sparse import sparse_attributes
+
+    attrs = sparse_attributes(loc)
+    if attrs is None:
+        return None
+    stamp = data_stamp(loc, entries)
+    rows = int(attrs["shape"][0])
+    if entries is not None and stamp != data_stamp(loc):
+        rows = next((int(v["rows"]) for v in history({"attributes": attrs}) if stamp in _stamps(v)), None)
+        if rows is None:
+            return None
+    return {"url": loc.url, "format": SPARSE_FORMAT, "shape": [rows, int(attrs["shape"][1])],
+            "chunks": [int(attrs.get("entry_chunk") or 0)], "dtype": str(attrs.get("dtype")), "stamp": stamp}
+
+
+def _described(loc: Location, covered: dict) -> tuple[list[int], list[int], str, list[dict]] | None:
+    """Today's shape, chunks, dtype and history of the input at ``loc``, as ``covered`` records them (a
+    dense zarr array, or a sparse group where ``covered`` says so); None where it is neither now."""
+    if covered.get("format") == SPARSE_FORMAT:
+        from blocklin.storage.sparse import sparse_attributes
+
+        attrs = sparse_attributes(loc)
+        if attrs is None:
+            return None
+        return ([int(s) for s in attrs["shape"]], [int(attrs.get("entry_chunk") or 0)], str(attrs.get("dtype")),
+                history({"attributes": attrs}))
+    meta = read_meta(loc)
+    if meta is None:
+        return None
+    return [int(s) for s in meta["shape"]], list(chunk_grid(meta)), str(meta.get("data_type")), history(meta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,13 +165,14 @@ def growth(covered: dict, loc: Location, *, name: str = "input") -> Growth:
         removed, or its chunks were rewritten (the history does not lead from the covered stamp to
         today's by appends).
     """
-    meta = read_meta(loc)
+    today = _described(loc, covered)
     url = covered.get("url", loc.url)
     fix = "recompute the result on today's input (the command that made it, with --overwrite)"
-    if meta is None:
-        raise ParameterError(explain(name, "must still be the zarr array the result was computed from",
-                                     f"{url!r}, which is no longer a zarr v3 array", fix))
-    shape, chunks, dtype = [int(s) for s in meta["shape"]], list(chunk_grid(meta)), str(meta.get("data_type"))
+    if today is None:
+        what = "sparse matrix (blocklin-csr group)" if covered.get("format") == SPARSE_FORMAT else "zarr v3 array"
+        raise ParameterError(explain(name, f"must still be the {what} the result was computed from",
+                                     f"{url!r}, which is no longer a {what}", fix))
+    shape, chunks, dtype, chain = today
     old = covered["shape"]
     for what, then, today in (("columns", old[1], shape[1]), ("chunks", covered["chunks"], chunks),
                               ("dtype", covered["dtype"], dtype)):
@@ -134,7 +186,6 @@ def growth(covered: dict, loc: Location, *, name: str = "input") -> Growth:
     stamp = data_stamp(loc)
     if stamp == covered["stamp"] and shape[0] == old[0]:
         return Growth(url, old[0], shape[0], stamp)
-    chain = history(meta)
     start = next((i for i, v in enumerate(chain) if covered["stamp"] in _stamps(v)), None)
     if start is None or chain[start].get("rows") != old[0]:
         raise ParameterError(explain(name, "must hold the rows the result was computed from, unchanged",
@@ -157,4 +208,4 @@ def _stamps(version: dict) -> list[str]:
     return [version.get("stamp")] + list(version.get("aliases") or [])
 
 
-__all__ = ["Growth", "VERSIONS_KEY", "chunk_grid", "coverage", "data_stamp", "growth", "history", "read_meta"]
+__all__ = ["Growth", "SPARSE_FORMAT", "VERSIONS_KEY", "chunk_grid", "coverage", "data_stamp", "growth", "history", "input_history", "read_meta"]

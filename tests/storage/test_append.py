@@ -93,24 +93,6 @@ def test_append_refuses_data_blocklin_did_not_write(tmp_path):
         bl.append(m, m.path)
 
 
-def test_append_to_a_stored_sparse_matrix_is_refused_with_a_fix_that_works(tmp_path):
-    """A ``blocklin-csr`` group is blocklin's, but no rows are appended to it yet: the refusal says
-    so (it had said 'must be a zarr v3 array that blocklin wrote' and to convert it into a zarr store,
-    which gives the sparse group back), and the dense copy it names takes the rows."""
-    import scipy.sparse
-
-    x = scipy.sparse.random(20, 5, density=0.3, random_state=0, format="csr")
-    bl.from_sparse(x, tmp_path / "S.zarr")
-    before = sorted(os.listdir(tmp_path / "S.zarr"))
-    with pytest.raises(ParameterError, match="not appended to a stored sparse matrix.*--dense"):
-        bl.append(tmp_path / "S.zarr", np.ones((2, 5)))
-    assert sorted(os.listdir(tmp_path / "S.zarr")) == before
-    assert main(["convert", str(tmp_path / "S.zarr"), str(tmp_path / "S.mtx")]) == 0
-    assert main(["convert", str(tmp_path / "S.mtx"), str(tmp_path / "D.zarr"), "--dense"]) == 0
-    grown = bl.append(tmp_path / "D.zarr", np.ones((2, 5)))
-    np.testing.assert_array_equal(grown.to_numpy(), np.vstack([x.toarray(), np.ones((2, 5))]))
-
-
 def test_readers_see_the_old_or_the_new_matrix(tmp_path, base, monkeypatch):
     """A reader during an append finds the old rows (shape unchanged until the commit), then all."""
     import blocklin.storage.append as ap

@@ -136,10 +136,10 @@ def test_open_of_a_stored_svd_gives_the_factors_back(tmp_path):
 
 
 def test_update_of_a_sparse_pca_says_why_it_is_refused(tmp_path):
-    """A stored sparse matrix's PCA is not updated (no rows are appended to a sparse matrix yet): the
-    refusal names the sparse input and the recompute, where it had said the result recorded no input
-    version because of 'an in-memory input, an integer input ... or an older blocklin'; the group is
-    unchanged."""
+    """A stored sparse matrix's PCA records the version of its input (``covers``): current, ``update``
+    returns it; after rows were appended, the refusal names the growth and the recompute (it had said
+    that no rows are appended to a sparse matrix, and before that that the result recorded no input
+    version); a result recording none (an older blocklin's) says so. The group is unchanged."""
     import json
     import os
 
@@ -150,10 +150,19 @@ def test_update_of_a_sparse_pca_says_why_it_is_refused(tmp_path):
     x = scipy.sparse.random(60, 8, density=0.3, random_state=3, format="csr")
     s = bl.from_sparse(x, tmp_path / "S.zarr")
     bl.pca(s, 2, out=tmp_path / "P.zarr", seed=0)
+    assert bl.update(tmp_path / "P.zarr").report["current"]
+    bl.append(tmp_path / "S.zarr", x[:4])
     before = {f: os.stat(os.path.join(r, f)).st_mtime_ns for r, _, fs in os.walk(tmp_path / "P.zarr") for f in fs}
-    with pytest.raises(ParameterError, match=r"the pca of the sparse matrix .*S\.zarr.*rerun blocklin\.pca"):
+    with pytest.raises(ParameterError, match=r"the pca of the sparse matrix .*S\.zarr.*grew from 60 to 64 rows.*"
+                                             r"rerun blocklin\.pca"):
         bl.update(tmp_path / "P.zarr")
     after = {f: os.stat(os.path.join(r, f)).st_mtime_ns for r, _, fs in os.walk(tmp_path / "P.zarr") for f in fs}
     assert after == before
-    assert json.loads((tmp_path / "P.zarr" / "zarr.json").read_text())["attributes"]["blocklin"]["inputs"] == \
-        [str(tmp_path / "S.zarr")]
+    meta = json.loads((tmp_path / "P.zarr" / "zarr.json").read_text())
+    prov = meta["attributes"]["blocklin"]
+    assert prov["inputs"] == [str(tmp_path / "S.zarr")] and prov["covers"][0]["shape"] == [60, 8]
+    del prov["covers"]  # as an older blocklin wrote it
+    (tmp_path / "P.zarr" / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(ParameterError, match=r"the pca of the sparse matrix .*S\.zarr.*records none.*"
+                                             r"rerun blocklin\.pca"):
+        bl.update(tmp_path / "P.zarr")

@@ -68,7 +68,8 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
     with Job("eigsh", **settings) as job:
         ao = None
         if out is not None:
-            ao = job.output(out, inputs=[s.path], overwrite=overwrite, size=((n, k), s.dtype))
+            ao = job.output(out, inputs=[s.path], overwrite=overwrite, size=((n, k), s.dtype),
+                            covered=[(s.path, n)])  # the rows read (an append may commit after S was opened)
             create_group(ao.array_path())
         op = s.aslinearoperator()
         dt = np.dtype(np.float64) if laplacian else op.dtype  # integer values and Laplacians: float64

@@ -528,7 +528,8 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         max_passes=max_passes, block_size=block_size, max_basis=max_basis, lanczos_tol=lanczos_tol)
     long_wanted = vectors is True or vectors == ("vh" if m < n else "u")
     with Job("svd", **settings) as job:
-        ao = job.output(out, inputs=stored_operands(op), overwrite=overwrite)  # never onto, nor inside, S
+        # never onto, nor inside, S; covering the rows read (an append may commit after S was opened)
+        ao = job.output(out, inputs=stored_operands(op), overwrite=overwrite, covered=stored_operands(op, rows=True))
         create_group(ao.array_path())
         seed = resolve_seed(seed)
         f, plan, products = operator_svd(job, op, k, method=method, oversample=oversample, q=q, tol=tol, seed=seed,
@@ -564,14 +565,14 @@ def _signed_in_group(f: Factorization, ao: Any, *, transposed: bool) -> Factoriz
     return f if isinstance(f.V, StoredFactor) else dataclasses.replace(f, V=f.V * d)
 
 
-def stored_operands(op: Any) -> list[str]:
+def stored_operands(op: Any, *, rows: bool = False) -> list[Any]:
     """The stored matrix a LinearOperator reads (a :class:`~blocklin.sparse.SparseMatrix`, its row-block
     operator, or a stored sparse PCA's centered operator over one; none for other operators): the input
-    its result is never written onto nor inside."""
+    its result is never written onto nor inside. ``rows``: as ``(path, rows read)``, what the result covers."""
     for x in (op, getattr(op, "sparse_operator", None)):
         x = getattr(x, "matrix", x)
         if isinstance(x, SparseMatrix):
-            return [x.path]
+            return [(x.path, int(x.shape[0])) if rows else x.path]
     return []
 
 

@@ -48,7 +48,7 @@ from blocklin.matrix import Matrix
 from blocklin.runtime.job import Job
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
-from blocklin.storage.versions import Growth, growth
+from blocklin.storage.versions import SPARSE_FORMAT, Growth, growth
 
 #: Operations whose results :func:`update` brings up to date, and their updaters.
 UPDATABLE = {"gram": update_gram, "matmul": update_matmul, "qr": update_qr, "svd": update_svd, "solve": update_solve}
@@ -148,20 +148,27 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     loc, prov = _provenance(out, options)
     op = prov["operation"]
     covers = prov.get("covers")
+    name = "pca" if _is_pca(prov) else op
     sparse = _sparse_inputs(prov, options) if not covers else []
-    if sparse:
+    if sparse:  # computed before results of sparse matrices recorded the version they cover
         raise ParameterError(explain(
-            "out", "must be a result of dense inputs: rows are not appended to a stored sparse matrix yet, so "
-            "its results are not updated", f"{loc.url!r}, the {'pca' if _is_pca(prov) else op} of the sparse matrix "
-            f"{sparse[0]!r}", f"write the grown matrix again (blocklin.from_sparse(scipy.sparse."
-            f"vstack([old, new]), PATH, overwrite=True)), then rerun blocklin.{'pca' if _is_pca(prov) else op} "
-            "with the same arguments and overwrite=True"))
+            "out", "must record which version of each input it covers", f"{loc.url!r}, the {name} of the sparse "
+            f"matrix {sparse[0]!r}, records none (computed by a blocklin before 2026-12-07)",
+            f"rerun blocklin.{name} with the same arguments and overwrite=True"))
     if not covers:
         raise ParameterError(explain("out", "must record which version of each input it covers", f"{loc.url!r} "
                                      f"({op}) records none (an in-memory input, an integer input read through a float64 copy, or "
                                      "written by an older blocklin)", "recompute it with --overwrite on stored "
                                      "floating-point inputs (blocklin convert --dtype float64 casts integer data)"))
     grown: list[Growth] = [growth(c, as_location(c["url"], options, name="input")) for c in covers]
+    stale_sparse = [g for c, g in zip(covers, grown) if c.get("format") == SPARSE_FORMAT and not g.current]
+    if stale_sparse:
+        g = stale_sparse[0]
+        raise ParameterError(explain(
+            "out", "must be a result of dense inputs to be updated from appended rows (the results of a stored "
+            "sparse matrix are recomputed)", f"{loc.url!r}, the {name} of the sparse matrix {g.url!r}, which grew "
+            f"from {g.old_rows} to {g.rows} rows since", f"rerun blocklin.{name} with the same arguments and "
+            "overwrite=True"))
     if all(g.current for g in grown):
         report = {"operation": op, "updated": None, "current": True}
         if op == "svd":
