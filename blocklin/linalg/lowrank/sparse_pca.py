@@ -66,7 +66,7 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
     ``record(m, total, e)``: the PCA's provenance record from the row count and the total variance of
     ``2^-e S`` (:func:`blocklin.linalg.lowrank.pca.pca_record`), stored with the means beside a kept
     factorization so that :func:`blocklin.open` gives the PCA back."""
-    asked = [name for name, on in (("scale", scale), ("resume", resume), ("updatable", updatable)) if on]
+    asked = [name for name, on in (("scale", scale), ("resume", resume)) if on]
     if asked:
         raise ParameterError(explain("a", "a stored sparse matrix takes pca(S, k) through its centered operator: "
                                      "the largest k components only", f"a sparse matrix with {', '.join(asked)}",
@@ -85,7 +85,8 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
     if record is not None:
         rec = record(m, total_variance(m2, m), e)
         svd_kw = dict(svd_kw, record=lambda *_: rec, operator_mean=mean)
-    res = factorize(op, n_components, signs=True, **svd_kw)  # signed in its group before the commit
+    # signed in its group before the commit; updatable: S's co-moments kept beside (lowrank.sparse_comoments)
+    res = factorize(op, n_components, signs=True, updatable=updatable, **svd_kw)
     _, sv, Vt = res
     comps = (Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)).astype(sv.dtype, copy=False)
     res.report["passes_formula"] = f"{res.report.get('passes_formula', '')} + 1 (column means and variances)"

@@ -39,7 +39,8 @@ from blocklin.linalg.lowrank.spilled_ritz import StoredFactor
 from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
-from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state
+from blocklin.linalg.lowrank.sparse_comoments import sparse_comoments
+from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state, kept_state
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits, sparse_basis, sparse_block
 from blocklin.runtime.checkpoints import Checkpoints
@@ -418,7 +419,8 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                       block_size=block_size, max_basis=max_basis, overwrite=overwrite,
                                       vectors=vectors, refused={"center": center, "scale": scale, "resume": resume,
                                                                 "which='SM'": which == "SM", "v0": v0 is not None,
-                                                                "updatable": updatable},
+                                                                "updatable": updatable and stored_sparse(a) is None},
+                                      updatable=updatable,
                                       lanczos_tol=lanczos_tol, settings=settings, signs=bool(signs),
                                       pca=record(None, None) if record is not None and out is not None else None,
                                       mean=operator_mean), vectors)
@@ -496,11 +498,13 @@ def _sketch_kept(plan: SvdPlan, f: Factorization) -> dict:
 def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: Any, n_iter: Any, tol: Any,
                  seed: int | None, out: Any, max_passes: Any, block_size: Any, max_basis: Any, overwrite: bool,
                  vectors: Any, refused: dict, lanczos_tol: Any, settings: dict, pca: dict | None = None,
-                 mean: np.ndarray | None = None, signs: bool = False) -> SVDResult:
+                 mean: np.ndarray | None = None, signs: bool = False, updatable: bool = False) -> SVDResult:
     """The SVD of a SciPy ``LinearOperator`` (:mod:`blocklin.linalg.lowrank.operator_svd`): rsvd or block
     Lanczos through its products, the result stored as every SVD's; ``pca`` and ``mean``: a sparse PCA's
     record and the column means its operator centers by, stored beside the factors (:func:`_result`);
-    ``signs``: every triplet signed by scikit-learn's rule on the components (:func:`_signed_in_group`)."""
+    ``signs``: every triplet signed by scikit-learn's rule on the components (:func:`_signed_in_group`);
+    ``updatable`` (a stored sparse matrix): the co-moments of its rows kept beside the factors
+    (:mod:`blocklin.linalg.lowrank.sparse_comoments`), which :func:`blocklin.update` reads."""
     asked = [name for name, on in refused.items() if on]
     sparse = isinstance(op, SparseMatrix)
     if asked:  # a stored sparse matrix is the matrix itself: its fix is a dense copy
@@ -527,6 +531,8 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         (m, n), dt, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
         max_passes=max_passes, block_size=block_size, max_basis=max_basis, lanczos_tol=lanczos_tol)
     long_wanted = vectors is True or vectors == ("vh" if m < n else "u")
+    if updatable:
+        check_updatable(out=out, method=method, which="LM", transposed=m < n, shape=(m, n))
     with Job("svd", **settings) as job:
         # never onto, nor inside, S; covering the rows read (an append may commit after S was opened)
         ao = job.output(out, inputs=stored_operands(op), overwrite=overwrite, covered=stored_operands(op, rows=True))
@@ -544,7 +550,14 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
             f = dataclasses.replace(f, mean=np.asarray(mean))
         if signs:
             f = _signed_in_group(f, ao, transposed=m < n)
-        return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted, pca=pca)
+        kept = None
+        if updatable:  # the co-moments of S's rows (one pass more), and what was factored
+            mom, c = sparse_comoments(stored_sparse(op), 0, m, job.cfg.memory)
+            kept = (keep_state(job, None, job.cfg.memory, kept_state(mom, c)),
+                    {"k": k, "center": mean is not None, "scale": False, "signs": bool(signs), "tol": tol, "count": m,
+                     "method": plan.method, "oversample": oversample, "seed": seed})
+            report["passes_formula"] = f"{report['passes_formula']} + 1 (the co-moments an update reads)"
+        return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted, kept, pca=pca)
 
 
 def _signed_in_group(f: Factorization, ao: Any, *, transposed: bool) -> Factorization:
@@ -569,11 +582,19 @@ def stored_operands(op: Any, *, rows: bool = False) -> list[Any]:
     """The stored matrix a LinearOperator reads (a :class:`~blocklin.sparse.SparseMatrix`, its row-block
     operator, or a stored sparse PCA's centered operator over one; none for other operators): the input
     its result is never written onto nor inside. ``rows``: as ``(path, rows read)``, what the result covers."""
+    x = stored_sparse(op)
+    if x is None:
+        return []
+    return [(x.path, int(x.shape[0])) if rows else x.path]
+
+
+def stored_sparse(op: Any) -> SparseMatrix | None:
+    """The :class:`~blocklin.sparse.SparseMatrix` a LinearOperator reads (:func:`stored_operands`), or None."""
     for x in (op, getattr(op, "sparse_operator", None)):
         x = getattr(x, "matrix", x)
         if isinstance(x, SparseMatrix):
-            return [(x.path, int(x.shape[0])) if rows else x.path]
-    return []
+            return x
+    return None
 
 
 def operator_options(shape: tuple[int, int], dtype: Any, k: Any, *, method: str, oversample: int, power_iters: Any,

@@ -42,6 +42,7 @@ class AffineSpec:
     dtype: str
     sub: int
     blas_threads: int | None
+    sparse: bool = False  # ``a`` is a stored sparse matrix (a blocklin-csr group): its rows read as CSR
 
 
 @with_task_settings
@@ -85,6 +86,8 @@ def _piece_rows(row_bytes: int) -> int:
 def _new_rows(spec: AffineSpec, block: np.ndarray, r0: int, lo: int, r1: int) -> int:
     """``block[lo - r0:r1 - r0] = A[lo:r1] W + b``: ``A``'s rows read ``spec.sub`` at a time, cast to
     ``W``'s dtype and mapped a piece at a time; returns the bytes read."""
+    if spec.sparse:
+        return _new_sparse_rows(spec, block, r0, lo, r1)
     arr = open_array(spec.a)
     n = arr.shape[1]
     wide = spec.W.dtype
@@ -106,10 +109,30 @@ def _new_rows(spec: AffineSpec, block: np.ndarray, r0: int, lo: int, r1: int) ->
     return read
 
 
+def _new_sparse_rows(spec: AffineSpec, block: np.ndarray, r0: int, lo: int, r1: int) -> int:
+    """:func:`_new_rows` of a stored sparse ``A``: its rows read ``spec.sub`` at a time as CSR, their
+    values in ``W``'s dtype, mapped by one sparse product each."""
+    import scipy.sparse
+
+    from blocklin.storage.sparse import SparseStore
+
+    store = SparseStore(spec.a, name="a")
+    n = store.shape[1]
+    read = 0
+    for s0 in range(lo, r1, spec.sub):
+        s1 = min(r1, s0 + spec.sub)
+        ptr, idx, val = store.read_rows(s0, s1)
+        read += ptr.nbytes + idx.nbytes + val.nbytes
+        rows = scipy.sparse.csr_matrix((val.astype(spec.W.dtype), idx, ptr), shape=(s1 - s0, n))
+        block[s0 - r0:s1 - r0] = rows @ spec.W + spec.b
+    return read
+
+
 def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old_map: tuple, new_map: tuple,
-                 dtype: Any, old_chunk: int) -> int:
+                 dtype: Any, old_chunk: int, sparse: bool = False) -> int:
     """Create ``dest`` (``m1 x k``, ``dtype``) and write it by :func:`affine_band` tasks of ``job``;
-    ``old`` (``m0 x k0``) and ``a`` (``>= m1`` rows) are stored arrays (``old`` unread when ``m0 == 0``).
+    ``old`` (``m0 x k0``) and ``a`` (``>= m1`` rows) are stored arrays (``old`` unread when ``m0 == 0``;
+    ``sparse``: ``a`` is a stored sparse matrix, its rows counted as dense ones in the budget).
     Returns the bytes written. Refused with the minimum when one band and a row of ``a`` do not fit
     the budget."""
     dt = np.dtype(dtype)
@@ -118,7 +141,12 @@ def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old
     W, b = (np.ascontiguousarray(x, dtype=wide) for x in new_map)
     e = np.dtype(wide).itemsize
     k = T.shape[1]
-    a_meta = open_array(a)
+    if sparse:
+        from blocklin.storage.sparse import SparseStore
+
+        a_meta = SparseStore(a, name="a")
+    else:
+        a_meta = open_array(a)
     n = a_meta.shape[1]
     budget = job.cfg.memory
     if k == 0:  # no column to write: an m1 x 0 factor, no task (the sizes below divide by a row's bytes)
@@ -136,7 +164,7 @@ def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old
     task_memory = band_bytes + min(sub, ch) * row_bytes
     create_array(dest, shape=(m1, k), dtype=dt, chunks=(ch, k), codec=job.cfg.codec)
     spec = AffineSpec(dest=dest, old=old, a=a, m0=m0, T=T, c=c, W=W, b=b, dtype=dt.name, sub=int(sub),
-                      blas_threads=job.task_blas_threads(1))
+                      blas_threads=job.task_blas_threads(1), sparse=sparse)
     graph = TileGraph.named("affine-bands", str(dest), m0, m1, ch)
     bands = math.ceil(m1 / ch)
     for i in range(bands):

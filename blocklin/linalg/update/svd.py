@@ -3,7 +3,8 @@
 A result computed with ``updatable=True`` keeps the co-moments of ``A`` (count ``m0``, means
 ``mu0``, centered Gram ``C0``: :mod:`blocklin.linalg.lowrank.updatable`). The update
 
-1. reads the ``p`` new rows ``P`` once: their count, means and centered Gram, merged into the kept
+1. reads the ``p`` new rows ``P`` once (of a stored sparse matrix, in dense strips:
+   :mod:`blocklin.linalg.lowrank.sparse_comoments`): their count, means and centered Gram, merged into the kept
    ones by Chan, Golub and LeVeque's pairwise update (exact sums: the co-moments of the whole grown
    matrix ``A``, whatever the size of the means);
 2. forms the Gram of what was factored, ``B = (A - 1 s^T) D^-1`` (``s = mu`` when centered, ``D``
@@ -54,6 +55,7 @@ from blocklin.linalg.blocks.center import Moments, merge_comoments, moments_and_
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.methods import component_signs
 from blocklin.linalg.lowrank.run import check_standardizable
+from blocklin.linalg.lowrank.sparse_comoments import sparse_comoments
 from blocklin.linalg.lowrank.svd import SVDResult
 from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from blocklin.linalg.lowrank.triplets import triplet_report
@@ -64,7 +66,9 @@ from blocklin.operands import row_range
 from blocklin.runtime.job import Job
 from blocklin.storage import create_group, write_array
 from blocklin.storage.identity import resume_token
-from blocklin.storage.location import Location
+from blocklin.sparse import SparseMatrix
+from blocklin.storage.location import Location, as_location
+from blocklin.storage.sparse import is_sparse
 from blocklin.storage.versions import Growth
 from blocklin.storage.zarr_store import open_zarr
 
@@ -178,9 +182,14 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
     if m0 != g.old_rows:
         raise ParameterError(explain("out", "must keep the co-moments of the rows it covers", f"{m0} rows kept, "
                                      f"{g.old_rows} covered", "recompute it with updatable=True and --overwrite"))
-    A = row_range(job.operand(g.url, "a"), 0, g.rows)
+    sparse = is_sparse(as_location(g.url, job.cfg.storage_options, name="input"))
+    if sparse:  # a stored sparse matrix: the new rows' co-moments from dense strips of them
+        A = SparseMatrix(g.url, storage_options=job.cfg.storage_options)
+        mom, cp = sparse_comoments(A, g.old_rows, g.rows, job.cfg.memory)
+    else:
+        A = row_range(job.operand(g.url, "a"), 0, g.rows)
+        mom, cp = moments_and_gram(job, row_range(A, g.old_rows, g.rows), memory=job.cfg.memory)
     tol = float(upd["tol"]) if upd.get("tol") is not None else default_tol(A.dtype)
-    mom, cp = moments_and_gram(job, row_range(A, g.old_rows, g.rows), memory=job.cfg.memory)
     if not np.isfinite(cp).all():
         return Recompute("the new rows' squares leave float64's range")
     # rows far from the old means overflow the rank-one term to Inf: used, and read below as a recompute
@@ -208,22 +217,29 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
         worst = int(np.argmax(f.u_errors))
         how = (f"the scores written from every row of A (one pass): rotated, the old rows' scores of triplet "
                f"{worst + 1} would be off by {f.u_errors[worst]:.2e} relative, beyond tol={tol:g}")
+    if sparse and old.U is not None and not rotate:  # the scores from every row: the sparse route's recompute
+        return Recompute(how.replace("the scores written from every row of A (one pass): ", ""))
     scores = out / "U"
     if old.U is not None and not out.is_local:  # an object store's output is removed when the overwriting run starts
         scores = job.scratch("scores-before", tuple(old.U.shape), old.U.dtype, tuple(old.U.chunks))
         copy_rows(job, out / "U", scores)
-    token = resume_token("svd-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url, int(upd["k"]), tol)
-    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token, reads_output=True)
+    if sparse:
+        token = resume_token("svd-update", [], g.url, g.old_rows, g.rows, g.stamp, out.url, int(upd["k"]), tol)
+        ao = job.output(out, inputs=[g.url], covered=[(g.url, g.rows)], overwrite=True, resume=resume, token=token,
+                        reads_output=True)
+    else:
+        token = resume_token("svd-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url, int(upd["k"]), tol)
+        ao = job.claim(out, [A], overwrite=True, resume=resume, token=token, reads_output=True)
     create_group(ao.array_path())
     if old.U is not None:
         write_affine(job, ao.array_path("U"), scores, A.path, m0=m0 if rotate else 0, m1=m1, old_map=f.old_map,
-                     new_map=f.new_map, dtype=old.dtype, old_chunk=int(old.U.chunks[0]))
+                     new_map=f.new_map, dtype=old.dtype, old_chunk=int(old.U.chunks[0]), sparse=sparse)
     _write_small(ao, old, f, mean, c)
     updated = {"input": g.url, "rows_before": g.old_rows, "rows": g.rows,
                "rows_read": p if rotate or old.U is None else g.rows,
                "how": f"updated: the new rows' co-moments merged, the updated Gram's top eigenpairs; {how}",
                "scores": None if old.U is None else ("rotated" if rotate else "from every row")}
-    report = job.report(method="update", passes=job.passes("a"), **triplets, converged=True, tol=tol,
+    report = job.report(method="update", passes=1 if sparse else job.passes("a"), **triplets, converged=True, tol=tol,
                         u_errors=f.u_errors.tolist(), updated=updated, sigma_max=float(f.s[0]) if f.s.size else 0.0,
                         center=bool(upd["center"]), scale=bool(upd["scale"]))
     path = ao.commit("svd", plan=prov.get("plan"), params={**(prov.get("params") or {}), "update": {**upd, "count": m1}},

@@ -48,6 +48,7 @@ from blocklin.matrix import Matrix
 from blocklin.runtime.job import Job
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
+from blocklin.storage.sparse import is_sparse
 from blocklin.storage.versions import SPARSE_FORMAT, Growth, growth
 
 #: Operations whose results :func:`update` brings up to date, and their updaters.
@@ -162,13 +163,14 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
                                      "floating-point inputs (blocklin convert --dtype float64 casts integer data)"))
     grown: list[Growth] = [growth(c, as_location(c["url"], options, name="input")) for c in covers]
     stale_sparse = [g for c, g in zip(covers, grown) if c.get("format") == SPARSE_FORMAT and not g.current]
-    if stale_sparse:
+    if stale_sparse and not (op == "svd" and _updatable(prov) and not is_sketch(prov)):
         g = stale_sparse[0]
+        kept = "an svd or pca computed with updatable=True (it keeps the co-moments an update reads)"
         raise ParameterError(explain(
-            "out", "must be a result of dense inputs to be updated from appended rows (the results of a stored "
-            "sparse matrix are recomputed)", f"{loc.url!r}, the {name} of the sparse matrix {g.url!r}, which grew "
-            f"from {g.old_rows} to {g.rows} rows since", f"rerun blocklin.{name} with the same arguments and "
-            "overwrite=True"))
+            "out", f"must be {kept} to be updated from the rows appended to a stored sparse matrix",
+            f"{loc.url!r}, the {name} of the sparse matrix {g.url!r}, which grew from {g.old_rows} to {g.rows} rows "
+            "since", f"rerun blocklin.{name} with the same arguments and overwrite=True"
+            + (" (and updatable=True, for updates after later appends)" if name in ("svd", "pca") else "")))
     if all(g.current for g in grown):
         report = {"operation": op, "updated": None, "current": True}
         if op == "svd":
@@ -219,6 +221,25 @@ def _sparse_inputs(prov: dict, options: dict | None) -> list[str]:
     return found
 
 
+def _recompute_sparse(loc: Any, params: dict, url: str, settings: dict) -> Any:
+    """The updatable ``svd`` or ``pca`` of a stored sparse matrix run again with its recorded parameters
+    (a PCA through its centered operator: :mod:`blocklin.linalg.lowrank.sparse_pca`)."""
+    from blocklin.linalg.lowrank.svd import factorize
+
+    upd = params["update"]
+    kw = dict(method=upd["method"], oversample=int(upd["oversample"]), tol=upd["tol"], seed=upd["seed"], out=loc,
+              overwrite=True, **settings)
+    if not isinstance(params.get("pca"), dict):
+        return factorize(url, int(upd["k"]), signs=bool(upd["signs"]), updatable=True, **kw)
+    from blocklin.linalg.lowrank.sparse_pca import sparse_pca
+    from blocklin.sparse import SparseMatrix
+
+    res = sparse_pca(SparseMatrix(url, storage_options=settings.get("storage_options")), int(upd["k"]), scale=False,
+                     resume=False, updatable=True, factorize=factorize, svd_kw=kw,
+                     record=lambda *_: params["pca"])[0]
+    return res
+
+
 def _is_pca(prov: dict) -> bool:
     return isinstance((prov.get("params") or {}).get("pca"), dict)
 
@@ -255,6 +276,8 @@ def _recompute(loc: Any, prov: dict, grown: list[Growth], why: str, settings: di
 
         res = solve(g.url, grown[1].url, lam=params["lam"], method=params["method"], refine=params.get("refine", "auto"),
                     fit_intercept=bool(params.get("fit_intercept")), out=loc, overwrite=True, updatable=True, **settings)
+    elif is_sparse(as_location(g.url, settings.get("storage_options"), name="input")):
+        res = _recompute_sparse(loc, params, g.url, settings)
     else:
         from blocklin.linalg.lowrank.svd import factorize
 
