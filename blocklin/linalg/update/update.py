@@ -24,6 +24,11 @@ within which bound):
                    sequence or rule; recomputed where they are ill-conditioned (:mod:`.solve`)
 ================  ==============================================================================
 
+Results of a stored sparse matrix (a ``blocklin-csr`` group) record the version they cover as dense
+inputs' do; an ``svd``/``pca`` of one kept with ``updatable=True`` is updated the same way, its new
+rows read as CSR strips (recomputed by the sparse route where the update would miss ``tol``), and its
+other results are refused once it grew.
+
 Others are refused with the command that recomputes them: products ``A B`` (the result grows),
 inverses and factorizations of square matrices depend on every row; ``eigsh`` results are not
 updated yet.
