@@ -11,6 +11,7 @@ from blocklin.errors import ParameterError, explain
 _EPILOG = """examples:
   blocklin append A.zarr day2.npy                 # any format convert reads: .npy, .zarr, .h5:/X, .csv, ...
   blocklin append A.zarr new.csv --skip-rows 1
+  blocklin append S.zarr day2.mtx                 # a sparse matrix (blocklin-csr): .mtx, .npz, .h5:/GROUP, S2.zarr
   blocklin update G.zarr                          # then bring results of A up to date from the new rows
   blocklin append --rollback A.zarr               # undo an append that was interrupted"""
 

@@ -215,8 +215,11 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
 
     Parameters
     ----------
-    a : path, URL, Location or Matrix
-        A 2-D zarr v3 matrix blocklin wrote (``blocklin convert``, ``from_array``, an operation's output).
+    a : path, URL, Location, Matrix or SparseMatrix
+        A 2-D zarr v3 matrix blocklin wrote (``blocklin convert``, ``from_array``, an operation's output),
+        or a stored sparse matrix (a ``blocklin-csr`` group: its CSR arrays are extended, the rows given
+        as a SciPy matrix, a NumPy array, ``.mtx``, ``.npz``, an HDF5 sparse group or another group;
+        :mod:`blocklin.storage.sparse_append`).
     rows : array_like, Dask array, Matrix, or path
         The rows: ``p x n`` (a 1-D array of ``n`` values is one row), in memory or in any format
         ``blocklin convert`` reads (``.npy``, ``.zarr``, ``FILE.h5:/DATASET``, ``.csv``, ...; format
