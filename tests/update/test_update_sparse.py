@@ -88,3 +88,20 @@ def test_updatable_sparse_refusals(tmp_path):
     with pytest.raises(ParameterError, match=r"updatable=True.*grew from 200 to 205 rows.*rerun blocklin\.svd.*"
                                              r"updatable=True"):
         bl.update(tmp_path / "F.zarr")
+
+
+def test_rows_appended_after_the_matrix_was_opened_are_not_covered(tmp_path):
+    """A result covers the rows its run read: rows appended after the handle was opened (and before the
+    output's claim) are read by the update; they had been recorded as covered, so the update called
+    the result current without them."""
+    x, new = _rows(500, 1), _rows(60, 2)
+    bl.from_sparse(x, tmp_path / "S.zarr")
+    s = bl.open(tmp_path / "S.zarr")  # 500 rows
+    bl.append(tmp_path / "S.zarr", new)
+    bl.svd(s, K, out=tmp_path / "F.zarr", updatable=True, seed=0, tol=1e-10)
+    prov = json.load(open(tmp_path / "F.zarr" / "zarr.json"))["attributes"]["blocklin"]
+    assert prov["covers"][0]["shape"] == [500, N] and prov["params"]["update"]["count"] == 500
+    res = bl.update(tmp_path / "F.zarr")
+    assert res.report["updated"]["rows_read"] == 60
+    full = scipy.sparse.vstack([x, new]).toarray()
+    check_updated_factors(res, full, k=K, center=False, dtype=np.float64, u_errors=res.report["u_errors"])
