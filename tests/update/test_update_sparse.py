@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse
 
 import blocklin as bl
-from blocklin.errors import ParameterError
+from blocklin.errors import BudgetError, ParameterError
 from support.updated_factors import check_updated_factors
 
 N, K = 40, 3
@@ -83,6 +83,10 @@ def test_updatable_sparse_refusals(tmp_path):
         bl.svd(wide, 2, out=tmp_path / "WF.zarr", updatable=True)
     with pytest.raises(ParameterError, match="updatable.*tall A"):
         bl.pca(wide, 2, out=tmp_path / "WP.zarr", updatable=True)
+    many_columns = bl.from_sparse(scipy.sparse.random(3000, 2000, density=0.001, random_state=0), tmp_path / "N.zarr")
+    with pytest.raises(BudgetError, match=r"n x n co-moments.*n = 2000.*got 32.00 MiB"):  # 64 MB of co-moments
+        bl.svd(many_columns, 2, out=tmp_path / "NF.zarr", updatable=True, memory="32MiB")
+    assert not (tmp_path / "NF.zarr").exists()
     bl.svd(s, K, out=tmp_path / "F.zarr", seed=0)  # not updatable
     bl.append(tmp_path / "S.zarr", _rows(5, 4))
     with pytest.raises(ParameterError, match=r"updatable=True.*grew from 200 to 205 rows.*rerun blocklin\.svd.*"

@@ -28,19 +28,24 @@ from blocklin.linalg.blocks.center import Moments, merge_comoments
 _STRIP_COPIES = 3
 
 
+def check_comoments_budget(n: int, memory: int) -> None:
+    """Refuse, with the budget it needs, a ``memory`` that cannot hold the ``n x n`` co-moments twice (the
+    accumulator and a strip's Gram) and a dense row: before a run whose result keeps them."""
+    need = 2 * 8 * n * n + _STRIP_COPIES * 8 * max(n, 1)
+    if memory < need:
+        raise BudgetError(explain("memory", "must hold the n x n co-moments of an updatable sparse result twice "
+                                  f"and a dense row of the matrix (n = {n})", format_size(memory),
+                                  f"pass memory='{format_size(need)}' or more, or updatable=False"), minimum=need)
+
+
 def sparse_comoments(s: Any, r0: int, r1: int, memory: int) -> tuple[Moments, np.ndarray]:
     """``(moments, C)`` of rows ``r0:r1`` of the stored sparse matrix ``s`` (a
     :class:`~blocklin.sparse.SparseMatrix`), read in dense strips within ``memory`` beside the ``n x n``
     accumulator and its merge term. Refused with the budget it needs where one row does not fit."""
     n = int(s.shape[1])
-    room = memory - 2 * 8 * n * n
+    check_comoments_budget(n, memory)
     per_row = _STRIP_COPIES * 8 * max(n, 1)
-    if room < per_row:
-        need = 2 * 8 * n * n + per_row
-        raise BudgetError(explain("memory", "must hold the n x n co-moments of an updatable sparse result twice "
-                                  "and a dense row of the matrix", format_size(memory),
-                                  f"pass memory='{format_size(need)}' or more"), minimum=need)
-    step = max(1, room // per_row)
+    step = max(1, (memory - 2 * 8 * n * n) // per_row)
     cnt, mean, c = 0, np.zeros(n), np.zeros((n, n))
     for a in range(r0, r1, step):
         b = min(r1, a + step)
@@ -53,4 +58,4 @@ def sparse_comoments(s: Any, r0: int, r1: int, memory: int) -> tuple[Moments, np
     return Moments(mean, np.maximum(np.diag(c), 0.0) / max(cnt, 1), cnt), c
 
 
-__all__ = ["sparse_comoments"]
+__all__ = ["check_comoments_budget", "sparse_comoments"]

@@ -39,7 +39,7 @@ from blocklin.linalg.lowrank.spilled_ritz import StoredFactor
 from blocklin.linalg.lowrank.svd_tolerance import default_tol
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
-from blocklin.linalg.lowrank.sparse_comoments import sparse_comoments
+from blocklin.linalg.lowrank.sparse_comoments import check_comoments_budget, sparse_comoments
 from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state, kept_state
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits, sparse_basis, sparse_block
@@ -534,6 +534,8 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
     if updatable:
         check_updatable(out=out, method=method, which="LM", transposed=m < n, shape=(m, n))
     with Job("svd", **settings) as job:
+        if updatable:  # before the factorization is run for nothing
+            check_comoments_budget(n, job.cfg.memory)
         # never onto, nor inside, S; covering the rows read (an append may commit after S was opened)
         ao = job.output(out, inputs=stored_operands(op), overwrite=overwrite, covered=stored_operands(op, rows=True))
         create_group(ao.array_path())
