@@ -99,28 +99,47 @@ def _bordered_bound(at, lam2, y, x0):
     return (M + N) * EPS64 * np.linalg.cond(big) * np.linalg.norm(z), c, d
 
 
-@pytest.mark.parametrize("where", ["middle", "last"])
-@pytest.mark.parametrize("lam2", LAMS2)
-def test_wide_solve_at_one_lambda_with_intercept_rows_apart(where, lam2):
-    """``solve(a, b, lam, fit_intercept=True)`` with the large row after row 0: ``x`` had been ``1e-5`` off and the
-    intercept ``1e-2`` (relative; warned by the norm-wise bound), now from the bordered row-scaled solve
-    (wide._bordered_solves). The large row first stays open (the shift by row 0 loses the other rows; warned).
+def _typical_row(a: np.ndarray) -> int:
+    """The row of smallest median squared distance to the others (the shift the route takes where row 0 is far)."""
+    dist = ((a[:, None, :] - a[None, :, :]) ** 2).sum(axis=2)
+    return int(np.argmin(np.median(dist, axis=0)))
 
-    Bound: :func:`_bordered_bound` of the rows less row 0 (the route's shift), reaching ``x = A_s^T D y`` through
-    ``||A_s^T D^-1||_2`` plus the product's rounding ``(m + 1) eps || |A_s|^T |y| ||``; the intercept
-    ``x0 = x0_s - a_1^T x`` through ``c`` and ``||a_1|| ||dx||`` plus ``n eps |a_1|^T |x|``."""
-    a, b = _data(where)
-    got = bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True)
+
+def _check_intercept_solve(a, b, lam2, got, shift):
+    """``x`` and the intercept of ``got`` against the bordered dual problem in mpmath. Bound: :func:`_bordered_bound`
+    of the rows less row ``shift`` (the route's), reaching ``x = A_s^T D y`` through ``||A_s^T D^-1||_2`` plus the
+    product's rounding ``(m + 1) eps || |A_s|^T |y| ||``; the intercept ``x0 = x0_s - a_s^T x`` through ``c`` and
+    ``||a_s|| ||dx||`` plus ``n eps |a_s|^T |x|``."""
     x, icpt = np.asarray(got).ravel(), float(np.ravel(got.intercept)[0])
     y, x0 = _dual_mp(a, b, lam2, True)
     xr = _x_mp(a, y)
-    at = a - a[0]
-    dz, c, d = _bordered_bound(at, lam2, y, x0 + a[0] @ xr)
+    at = a - a[shift]
+    dz, c, d = _bordered_bound(at, lam2, y, x0 + a[shift] @ xr)
     dx = np.linalg.norm(at.T / d, 2) * dz + (M + 1) * EPS64 * np.linalg.norm(np.abs(at).T @ np.abs(y)) \
         + EPS64 * np.linalg.norm(xr)
     assert np.linalg.norm(x - xr) <= dx, (np.linalg.norm(x - xr) / np.linalg.norm(xr), dx)
-    di = c * dz + np.linalg.norm(a[0]) * dx + N * EPS64 * (np.abs(a[0]) @ np.abs(xr) + abs(x0))
+    di = c * dz + np.linalg.norm(a[shift]) * dx + N * EPS64 * (np.abs(a[shift]) @ np.abs(xr) + abs(x0))
     assert abs(icpt - x0) <= di, (abs(icpt - x0) / abs(x0), di)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("lam2", LAMS2)
+def test_wide_solve_at_one_lambda_with_intercept_rows_apart(where, lam2):
+    """``solve(a, b, lam, fit_intercept=True)``: with the large row after row 0 ``x`` had been ``1e-5`` off and the
+    intercept ``1e-2`` (relative; warned by the norm-wise bound); with it first ``5e-4`` and ``1.5`` (warned: the
+    kernel and the product less row 0 had lost the other rows). Now from the bordered row-scaled solve
+    (wide._bordered_solves), with the large row first of the kernel summed again less a typical row and the
+    product less that row (one more pass), without a warning. Bound: :func:`_check_intercept_solve` with the
+    route's shift, row 0 where it is typical, else the typical row."""
+    import warnings
+
+    a, b = _data(where)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True)
+    assert not [c for c in caught if issubclass(c.category, bl.errors.IllConditionedWarning)]
+    assert got.report["passes"] == 2 + (where == "first")
+    _check_intercept_solve(a, b, lam2, got, _typical_row(a) if where == "first" else 0)
 
 
 def _fold_bound(a, train, test, lam2, y, x0, s):
@@ -170,13 +189,17 @@ def test_wide_kfold_intercept_passes():
     assert bl.solve(a, b, lam=("loo", [1e-4, 0.1]), cv=5, fit_intercept=True).report["passes"] == 2
 
 
-@pytest.mark.parametrize("lam2", LAMS2)
-def test_wide_solve_with_intercept_large_row_first_warned(lam2):
-    """The large row first at one lambda with an intercept (open: the kernel and the product less row 0 have lost
-    the other rows; ``x`` about ``5e-4`` off): not solved again from that kernel, and warned."""
-    a, b = _data("first")
-    with pytest.warns(bl.errors.IllConditionedWarning):
-        bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True)
+@pytest.mark.parametrize("where", ["first", "middle"])
+def test_wide_kfold_with_intercept_rows_apart_solution(where):
+    """The k-fold's solve at the chosen lambda with an intercept: with the large row first it had been the solve
+    less row 0 (``x`` ``5e-4`` off, the intercept ``1.5``, warned); now the bordered solve of the kernel the folds
+    took (less a typical row, the one extra pass) and the product less the same row. Bound as
+    :func:`test_wide_solve_at_one_lambda_with_intercept_rows_apart`."""
+    a, b = _data(where)
+    got = bl.solve(a, b, lam=("loo", np.sqrt(LAMS2)), cv=5, fit_intercept=True)
+    lam2 = float(got.report["alpha_"])
+    assert got.report["passes"] == 2 + (where == "first")
+    _check_intercept_solve(a, b, lam2, got, _typical_row(a) if where == "first" else 0)
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -195,3 +218,58 @@ def test_wide_qr_solve_with_intercept_rows_apart(where):
     ac = a - a.mean(axis=0)
     bound = (M + N) * EPS64 * (np.linalg.norm(ac, 2) ** 2 + lam2) / lam2 * np.linalg.norm(xr)
     assert np.linalg.norm(x - xr) <= bound, (np.linalg.norm(x - xr) / np.linalg.norm(xr), bound)
+
+
+def _force_gemms(monkeypatch):
+    """The SYRK passes' ``m x m`` sums refused (forced), so the route's Gram matrix less row 0 and the kernel summed
+    again less the typical row are both out-of-core GEMMs, in ``8 x 8`` tiles with k-panels of 16. Returns the
+    tokens of the GEMMs run."""
+    import dataclasses
+
+    import blocklin.linalg.solve.shifted_gram as shifted_gram
+    import blocklin.linalg.solve.wide as wide
+    from blocklin.errors import BudgetError
+    from blocklin.linalg.products.gemm import Gemm
+    from blocklin.linalg.products.gram_kernels import gram_pass_kernel
+
+    tokens = []
+    real_wide, real_shifted, real_plan, real_run = wide.run_pass, shifted_gram.run_pass, Gemm.plan, Gemm.run
+
+    def refuse(real):
+        def run_pass(job, kernel, *args, **kwargs):
+            if kernel in (gram_pass_kernel, shifted_gram.gram_less_row_kernel):
+                raise BudgetError("memory: the m x m sums (forced)")
+            return real(job, kernel, *args, **kwargs)
+        return run_pass
+
+    def plan(self, job, *args, **kwargs):
+        p = real_plan(self, job, *args, **kwargs)
+        if self.shift is not None:
+            p = dataclasses.replace(p, tm=8, tn=8, tk=16, out_chunks=(8, 8), k_lead=0)
+        return p
+
+    def run(self, job, plan, *args, **kwargs):
+        if self.shift is not None:
+            tokens.append(self.token(plan))
+        return real_run(self, job, plan, *args, **kwargs)
+
+    monkeypatch.setattr(wide, "run_pass", refuse(real_wide))
+    monkeypatch.setattr(shifted_gram, "run_pass", refuse(real_shifted))
+    monkeypatch.setattr(Gemm, "plan", plan)
+    monkeypatch.setattr(Gemm, "run", run)
+    return tokens
+
+
+def test_wide_intercept_rows_apart_through_the_out_of_core_gemms(monkeypatch):
+    """The large row first with the SYRK passes over the budget: the route's GEMM less row 0 and the kernel's again
+    less the typical row (shifted_gram.gram_less_row's fallback; its column 0 read less row 0 only on one side, so
+    replaced by its row 0): the solve at one lambda and the k-fold's within the bounds of the pass route. The two
+    GEMMs had one resume token (the shift named, not its row), so one could be taken for the other."""
+    tokens = _force_gemms(monkeypatch)
+    a, b = _data("first")
+    lam2 = LAMS2[1]
+    got = bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True)
+    assert got.report["passes"] == 3 and len(tokens) == 2 and tokens[0] != tokens[1]
+    _check_intercept_solve(a, b, lam2, got, _typical_row(a))
+    got = bl.solve(a, b, lam=("loo", np.sqrt(LAMS2)), cv=5, fit_intercept=True)
+    _check_intercept_solve(a, b, float(got.report["alpha_"]), got, _typical_row(a))

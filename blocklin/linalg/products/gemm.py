@@ -67,6 +67,9 @@ class Gemm:
     #: A stored ``1 x K`` row both operands are shifted by as they are read (:attr:`GemmSpec.shift
     #: <blocklin.runtime.tiles.GemmSpec.shift>`; set with :func:`dataclasses.replace`), or None.
     shift: Any = None
+    #: The row of ``A`` that ``shift`` holds (the resume token names it: a product less row 0 and one less row
+    #: ``t`` are different products).
+    shift_row: int = 0
 
     def __post_init__(self) -> None:
         if self.compute is None:  # built without of(): computed in the output dtype
@@ -146,7 +149,7 @@ class Gemm:
         if self.precision != "default":
             p["precision"] = self.precision
         if self.shift is not None:  # its values are a row of A (the solve's own scratch): named by A
-            p["shift"] = True
+            p["shift"] = True if not self.shift_row else f"row {int(self.shift_row)}"
         return p
 
     @property

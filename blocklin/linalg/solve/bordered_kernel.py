@@ -100,6 +100,22 @@ def bordered_solve(factor: tuple, c: np.ndarray) -> np.ndarray:
     return basis @ solve_triangular(low, y, lower=True, trans="C") / d[:, None]
 
 
+def bordered_fit(factor: tuple, k: np.ndarray, u: np.ndarray, lam2: float, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(y, x0)`` of the bordered system ``[[k + lam^2 I, u], [u^T, 0]] [y; x0] = [c; 0]`` (``c``: ``m x k``; ``x0``
+    one per column) from :func:`bordered_factor`'s factor of the same ``k``, ``u`` and ``lam2``: ``y = Q c``
+    (:func:`bordered_solve`) and ``x0`` from the border's residual in the scaled system,
+    ``D^-1 c - H D y = v x0`` (``v = D^-1 u``, ``H = D^-1 (k + lam^2 I) D^-1``, whose entries are at most 1), read
+    along ``v``: ``x0 = v^T (D^-1 c - H D y) / ||v||^2``, off by about ``||H|| ||d(D y)|| / ||v||``, the bordered
+    system's own forward error in ``x0 / ||v||^-1``. The k-fold fits, the solve at given lambdas and the
+    leave-one-out's ``Q`` thus share one factorization (:func:`bordered_factor`)."""
+    low, d, basis = factor[:3]
+    y = bordered_solve(factor, c)
+    v = u / d
+    dy = d[:, None] * y
+    resid = c / d[:, None] - (k / np.outer(d, d)) @ dy - (lam2 / d**2)[:, None] * dy
+    return y, (v @ resid) / float(v @ v)
+
+
 def bordered_inverse_diagonal(factor: tuple) -> np.ndarray:
     """``diag(Q)`` from :func:`bordered_factor`'s factor: ``||L^-1 N^T e_i||^2 / d_i^2``, sums of squares."""
     from scipy.linalg import solve_triangular
@@ -109,5 +125,5 @@ def bordered_inverse_diagonal(factor: tuple) -> np.ndarray:
     return (np.abs(inv) ** 2).sum(axis=0) / d**2
 
 
-__all__ = ["bordered_factor", "bordered_inverse_diagonal", "bordered_solve", "complement", "shift_loss",
+__all__ = ["bordered_factor", "bordered_fit", "bordered_inverse_diagonal", "bordered_solve", "complement", "shift_loss",
            "shifted_by"]

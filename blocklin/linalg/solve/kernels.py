@@ -398,9 +398,12 @@ def _shifted_product_memory(params: Any, sources: tuple) -> PassMemory:
 @row_kernel(memory=_shifted_product_memory, device="any", read_only=True)
 def shifted_product_kernel(device: Any, arrays: tuple, rows: slice, params: Any,
                            state: dict | None) -> tuple[dict, dict]:
-    """``x_i = 2^alpha (X_i - X_i[:, :1] 1^T)^H y`` per strip ``X_i`` of ``A^T`` (column strips of a wide ``A``),
-    written in ``params["out"]``'s dtype, and ``||2^-e A_s||_F^2`` (state ``"aa"``, ``2^-e = params["unit"]``: the
-    solve's scaling, so that the sum stays within float64's range) of ``A_s = A - 1 a_1^T``.
+    """``x_i = 2^alpha (X_i - X_i[:, t] 1^T)^H y`` per strip ``X_i`` of ``A^T`` (column strips of a wide ``A``; ``t =
+    params["row"]``, 0 unless given), written in ``params["out"]``'s dtype, ``||2^-e A_s||_F^2`` (state ``"aa"``,
+    ``2^-e = params["unit"]``: the solve's scaling, so that the sum stays within float64's range) of
+    ``A_s = A - 1 a_t^T``, and ``a_t^T (A_s^H y)`` (state ``"ax"``, per column of ``y``, in float64 before
+    ``2^alpha``: the intercept's ``a_t^T x`` where the solve shifted its kernel by row ``t``,
+    :func:`~blocklin.linalg.solve.shifted_gram.less_typical_row`).
 
     The wide solve's ``x = A^H z`` with ``1^T z = 0`` (an intercept's ``z = P_w^H y``): ``A_s^H z = A^H z``
     exactly, but its sums round relative to ``|A_s|`` (the spread of ``A``'s columns) where ``A^H z``'s round
@@ -409,30 +412,36 @@ def shifted_product_kernel(device: Any, arrays: tuple, rows: slice, params: Any,
     in the strip."""
     dt = params["y"].dtype
     cplx = dt.kind == "c"
+    t = int(params.get("row", 0))
     if not device.host_resident:
         if state is None:
-            state = {"yd": device.to_device(params["y"]), "aa": device.zeros((arrays[0].shape[1],), np.float64)}
+            state = {"yd": device.to_device(params["y"]), "aa": device.zeros((arrays[0].shape[1],), np.float64),
+                     "ax": device.zeros((params["y"].shape[1],), dt)}
         a = device.cast(arrays[0], dt)
         with device.on_compute():  # element-wise work and the product on the compute stream, in order
-            first = a[:, 0].copy()
+            first = a[:, t].copy()
             a = a - first[:, None]
         with device.on_compute():
             scaled = a * params["unit"]
         device.sumsq_cols_acc(state["aa"], scaled)
         with device.on_compute():
             x = (a.conj() if cplx else a) @ state["yd"]
+            state["ax"] = state["ax"] + first @ x
         block = device.to_host(x)
         if rows.stop in params["ends"]:
-            state = {"aa": float(device.to_host(state["aa"]).sum())} | ({"cols": state["cols"]} if "cols" in state else {})
+            state = {"aa": float(device.to_host(state["aa"]).sum()), "ax": device.to_host(state["ax"])} | \
+                ({"cols": state["cols"]} if "cols" in state else {})
     else:
         if state is None:
-            state = {"aa": 0.0}
+            state = {"aa": 0.0, "ax": 0.0}
         with np.errstate(over="ignore", invalid="ignore"):  # beyond the range: Inf, which the caller refuses
-            a = np.subtract(arrays[0], arrays[0][:, :1], dtype=dt)
+            first = np.asarray(arrays[0][:, t], dtype=dt)
+            a = np.subtract(arrays[0], first[:, None], dtype=dt)
             if cplx:
                 np.conjugate(a, out=a)
             state["aa"] += sumsq(a * params["unit"])
             block = a @ params["y"]
+            state["ax"] = state["ax"] + first @ block
     # 2^alpha applied once to the float64 (complex128) sums, rounded once to the output; what each column kept
     # (ColumnRange) is judged by the caller: an x flushed to 0 or beyond the range is refused, a subnormal warns
     out, cols = scaled_columns(block, params["alpha"], params["out"])

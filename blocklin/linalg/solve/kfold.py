@@ -395,12 +395,16 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     and ``b`` of the scaled problem, the weights), the scores, the choice."""
     gm, bm, w = ctx.dual_sums
     m = gm.shape[0]
+    grid = np.asarray(ctx.lams, dtype=np.float64) if ctx.lams else _wide_default_grid(spec)
+    if ctx.intercept and ctx.cdtype == "float64":  # the rows less a typical row where row 0 is far off (one pass)
+        from blocklin.linalg.solve.shifted_gram import less_typical_row
+
+        gm = less_typical_row(ctx, gm, w, grid**2)[1]
     raw = gm  # shifted by a row: the intercept's row-scaled fits (_bordered_fits)
     if ctx.intercept:  # a shift of the rows changes no centered quantity: center A A^T by the plain means first
         gm = gm - gm.mean(axis=0)[None, :]
         gm = gm - gm.mean(axis=1)[:, None]
         gm = (gm + gm.conj().T) / 2
-    grid = np.asarray(ctx.lams, dtype=np.float64) if ctx.lams else _wide_default_grid(spec)
     b_orig = bm
     # a named score's sums of each column divided by a power of two near its largest entry where b's one power
     # takes a column's squares out of range (a column near 2^-600 beside one near 1: its r2 had read 1)
@@ -474,12 +478,15 @@ def _bordered_fits(pred: np.ndarray, raw: np.ndarray, bm: np.ndarray, sw: np.nda
     <blocklin.linalg.solve.scaled_kernel.refit>` of the weighted centered kernel ``kc``, the intercept's own null
     direction not counted as cut): the dual ridge problem with an unpenalized intercept,
     ``[[K + lam^2 I, u], [u^T, 0]] [y; x0] = [D b_t; 0]`` with ``K = D K_s D`` the kernel of the rows shifted by one
-    row (``raw``; the problem is the same for any shift), ``u = sqrt(w)``, solved through the row-scaled Cholesky
-    of ``K + lam^2 I`` and the Schur complement ``x0 = u^T M D b_t / u^T M u`` (``M = (K + lam^2 I)^-1``,
-    positive); prediction ``K_s[h, t] D y + x0``. The centered kernel mixes the rows by their mean, which a row far
+    row (``raw``; the problem is the same for any shift), ``u = sqrt(w)``, solved on the row-scaled kernel
+    (:func:`~blocklin.linalg.solve.bordered_kernel.bordered_fit`, as the leave-one-out and the solve at the chosen
+    lambda); prediction ``K_s[h, t] D y + x0``. The centered kernel mixes the rows by their mean, which a row far
     from the others dominates: rows ``1e5`` and ``5e-4`` apart gave fold scores ``6e-6`` off at
-    ``lam^2 = 1e-8`` (``8e-5`` with the large row first, whose shift :func:`~blocklin.linalg.solve.wide.shift_row`
-    moves). Kept as the eigen-decomposition gave it where the scaled matrix is not numerically positive definite."""
+    ``lam^2 = 1e-8`` (``8e-5`` with the large row first, whose shift
+    :func:`~blocklin.linalg.solve.shifted_gram.less_typical_row` moves). Kept as the eigen-decomposition gave it
+    where the bordered system is not numerically positive definite."""
+    from blocklin.linalg.solve import bordered_kernel
+
     cut = np.count_nonzero(filt == 0, axis=0) > 1
     redo = scaled_kernel.refit(kc, ev, grid, cut)
     if not redo.any():
@@ -489,13 +496,12 @@ def _bordered_fits(pred: np.ndarray, raw: np.ndarray, bm: np.ndarray, sw: np.nda
     cross = raw[np.ix_(held, train)] * sw[None, :]
     rhs = sw[:, None] * bm[train]
     for l in np.flatnonzero(redo):
-        factor = scaled_kernel.scaled_factor(ks, float(grid[l]) ** 2)
+        lam2 = float(grid[l]) ** 2
+        factor = bordered_kernel.bordered_factor(ks, sw, lam2)
         if factor is None:
             continue
-        zb = scaled_kernel.scaled_solve(factor, rhs)
-        zu = scaled_kernel.scaled_solve(factor, sw[:, None].astype(rhs.dtype))
-        x0 = (sw @ zb) / (sw @ zu)[0]
-        pred[:, l, :] = cross @ (zb - zu * x0[None, :]) + x0[None, :]
+        y, x0 = bordered_kernel.bordered_fit(factor, ks, sw, lam2, rhs)
+        pred[:, l, :] = cross @ y + x0[None, :]
 
 
 def refuse_options(cv: Any, *, kind: str, per_target: bool, store_cv: bool) -> None:

@@ -41,6 +41,7 @@ from blocklin.errors import BudgetError, ParameterError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.solve.kernels import loo_kernel
 from blocklin.linalg.solve import bordered_kernel, scaled_kernel
+from blocklin.linalg.solve.shifted_gram import less_typical_row
 from blocklin.linalg.solve.lambda_select import EXTEND_DECADES, base_grid
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.passes import run_pass
@@ -469,7 +470,8 @@ def intercept_kernel(ctx: Any, spec: Any, sw: np.ndarray, grid: np.ndarray) -> d
     :func:`~blocklin.linalg.solve.scaled_kernel.refit` asks it of the kernel's eigenvalues (the intercept's direction
     left out) and its diagonal, or where the row the kernel's rows were summed less lies far from the others
     (:func:`~blocklin.linalg.solve.bordered_kernel.shift_loss` over ``m``): the kernel is then summed again less a
-    typical row (:func:`~blocklin.linalg.solve.shifted_gram.gram_less_row`, one more pass over ``A``); were that row
+    typical row (:func:`~blocklin.linalg.solve.shifted_gram.less_typical_row`, one more pass over ``A``, shared with
+    the solve at the chosen lambda); were that row
     far off too, it is shifted in memory and its rounding is ``rho2`` times what the scaling assumes
     (:func:`_warn_unresolved`)."""
     m = len(sw)
@@ -480,12 +482,8 @@ def intercept_kernel(ctx: Any, spec: Any, sw: np.ndarray, grid: np.ndarray) -> d
     g = ctx.dual_kernel[0]
     lam2 = np.asarray(grid, dtype=np.float64) ** 2
     w = sw**2
+    g = less_typical_row(ctx, g, w, lam2)[1]  # summed again less a typical row where row 0 is far: one more pass
     t, rho2 = bordered_kernel.shift_loss(g, w, lam2)
-    if float(rho2.max(initial=1.0)) > m and ctx.A is not None:  # summed again less a typical row: one more pass
-        from blocklin.linalg.solve.shifted_gram import gram_less_row
-
-        g = gram_less_row(ctx, t)
-        t, rho2 = bordered_kernel.shift_loss(g, w, lam2)
     if float(rho2.max(initial=1.0)) > m:  # in memory, the rounding kept (rho2)
         g = bordered_kernel.shifted_by(g, t)
     k = sw[:, None] * g * sw[None, :]

@@ -103,6 +103,9 @@ class TikhonovRun:
     #: kernel of the rows less a row, unweighted, and ``b`` weighted and centered): the leave-one-out errors are solved
     #: again from them where lines far apart ask (:mod:`~blocklin.linalg.solve.loo`)
     dual_kernel: Any = None
+    #: with an intercept, rows far apart: ``(t, K_t)``, the row a wide ``A``'s kernel was summed again less and that
+    #: kernel (:func:`~blocklin.linalg.solve.shifted_gram.less_typical_row`), for the product less the same row
+    less_row: Any = None
     #: the solutions in hand are ``2^-xe x'`` of the scaled problem (:func:`blocklin.linalg.solve.spectrum.x_exponent`)
     xe: int = 0
 

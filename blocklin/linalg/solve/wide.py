@@ -86,10 +86,12 @@ def _wide_gram_gemm(ctx: TikhonovRun) -> dict:
     off, warned); no copy of ``A`` is written."""
     import dataclasses
 
+    from blocklin.linalg.solve.shifted_gram import row_store
+
     job = ctx.job
     gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
     if ctx.intercept:
-        gram = dataclasses.replace(gram, shift=_first_row_store(ctx))
+        gram = dataclasses.replace(gram, shift=row_store(ctx, 0))
     plan = gram.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
     g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)
     gram.run(job, plan, g_path, description="Gram matrix A A^T" + (" of the columns less their first entries"
@@ -100,79 +102,6 @@ def _wide_gram_gemm(ctx: TikhonovRun) -> dict:
     v = g[:, 0].copy()
     g[:, 0] = 0.0
     return {"g": g, "v": v}
-
-
-def _first_row_store(ctx: TikhonovRun, row: int = 0) -> Any:
-    """Row ``row`` (0: the first) of ``A`` (float64, ``1 x n``) in a scratch store chunked as ``A``'s columns,
-    copied chunk by chunk (the shift of the intercept's GEMM, :func:`_wide_gram_gemm`, :func:`_fold_kernel`)."""
-    from blocklin.storage.zarr_store import open_cached, read_block, write_block
-
-    n, step = ctx.n, max(1, int(ctx.A.chunks[1]))
-    path = ctx.job.scratch("first row" if row == 0 else f"row {row}", (1, n), np.float64, (1, min(n, step)))
-    src, dst = open_cached(ctx.A.path), open_cached(path, "r+")
-    r0 = int(getattr(ctx.A, "first_row", 0)) + row
-    for c0 in range(0, n, step):
-        cols = slice(c0, min(n, c0 + step))
-        write_block(dst, slice(0, 1), cols, np.asarray(read_block(src, slice(r0, r0 + 1), cols), dtype=np.float64))
-    return path
-
-
-def shift_row(g: np.ndarray, w: np.ndarray) -> int | None:
-    """The row ``j`` to shift the k-fold kernel by where the shift by row 0 rounds the typical row coarser than
-    the shift by ``j`` by more than a factor ``m``; None where row 0 serves.
-
-    ``g = A_s A_s^T`` of ``A_s = A - 1 a_1^T`` rounds relative to ``||a_i - a_1||``; the intercept's problem is
-    the same for any shift, and the row-scaled solves (:mod:`~blocklin.linalg.solve.scaled_kernel`) take the
-    kernel's rounding relative to its rows. ``j`` is the row (of weight ``> 0``) nearest the weighted mean
-    (``||a_j - mu||^2`` from the centered diagonal); the typical row (the median) of
-    ``||a_i - a_1||^2 / ||a_i - a_j||^2``, both read from ``g``, is the factor the shift by row 0 loses.
-    Rows ``1e5`` and ``5e-4`` apart, the large one first: every ``a_i - a_1`` near ``1e5``, the kernel's entries
-    between rows near 1 rounded to ``1e-6`` and the fold scores ``8e-5`` off."""
-    m = g.shape[0]
-    if m < 3:
-        return None
-    diag = np.maximum(np.diag(g).real, 0.0)
-    s = float(w.sum())
-    gw = g @ w
-    centered = diag - 2 * gw.real / s + float((w @ gw).real) / s**2
-    j = int(np.argmin(np.where(w > 0, centered, np.inf)))
-    to_j = diag - 2 * g[:, j].real + diag[j]  # ||a_i - a_j||^2, rounded relative to g
-    keep = np.arange(m) != j
-    floor = np.finfo(np.float64).eps * diag[keep]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        loss = np.where(diag[keep] > 0, diag[keep] / np.maximum(to_j[keep], floor), 0.0)
-    return j if j != 0 and float(np.median(loss)) > m else None
-
-
-def _fold_kernel(ctx: TikhonovRun, g: np.ndarray, w: np.ndarray, ea: int) -> np.ndarray:
-    """The kernel of the k-fold fits with an intercept: ``g`` (shifted by row 0, of ``2^-ea A``) where that shift
-    serves, else ``(A - 1 a_j^T)(A - 1 a_j^T)^T`` of :func:`shift_row`'s ``j`` by one more GEMM pass
-    (:attr:`~blocklin.runtime.tiles.GemmSpec.shift`: its column 0 is ``(A - 1 a_j^T) a_1``, replaced by its row 0,
-    and its ``(0, 0)`` by ``||a_1 - a_j||^2``, ``g``'s ``(j, j)``); ``g`` where that product leaves the range."""
-    import dataclasses
-
-    j = shift_row(g, w)
-    if j is None:
-        return g
-
-    def run() -> dict:
-        job = ctx.job
-        gram = dataclasses.replace(Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64"),
-                                   shift=_first_row_store(ctx, j))
-        plan = gram.plan(job, read_reserve=True)
-        path = job.scratch("gram shifted", gram.shape, np.float64, plan.out_chunks)
-        gram.run(job, plan, path, description=f"Gram matrix A A^T of the rows less row {j} (rows far apart)",
-                 count_pass="a")
-        k = open_zarr(path)[...]
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            k = ldexp(k, -2 * ea)
-        k[1:, 0] = k[0, 1:]
-        k[0, 0] = g[j, j]
-        return {"g": (k + k.T) / 2}
-
-    ctx.phases["shifted gram GEMM"] = ctx.job.device
-    k = ctx.saved.run("wide-gram-shifted", run)["g"]
-    return k if np.all(np.isfinite(k)) else g
 
 
 def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
@@ -217,8 +146,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     w = ctx.wvec if ctx.weighted else np.ones(ctx.m)
     S = ctx.total_weight
     if ctx.folds is not None:  # cv=: the folds' fits from A A^T (kfold.wide_choose)
-        fold_g = _fold_kernel(ctx, g, w, ea) if ctx.intercept and ctx.cdtype == "float64" else g
-        ctx.dual_sums = (fold_g, bm.copy(), w)
+        ctx.dual_sums = (g, bm.copy(), w)
     if ctx.intercept:  # P_w (A A^T) P_w^T and P_w b: no means of A needed
         bbar = w @ bm / S
         bm = bm - bbar
@@ -268,9 +196,10 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         # shifted sums (x = A_s^H y', 1^T y' = 0; mu = a_1 + A_s^T w / S) a_1^T x + w^T (A_s A_s^H) y' / S, with
         # a_1^T x = (conj(A_s) a_1)^T y' = v^T y' (real data: no conjugates)
         ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
+        shift = 0  # the row x = A_s^H y is summed less (the kernel's; row 0 unless _bordered_solves moved it)
         if r is None:
             icpt = [bbar - (w @ g_raw) @ y / S - (v_shift @ y if v_shift is not None else 0.0) for y in ys]
-            redone = _bordered_solves(ctx, spec, info, ys, icpt, (g, g_raw, v_shift), bm, w, bbar)
+            redone, shift = _bordered_solves(ctx, spec, info, ys, icpt, (g, g_raw, v_shift), bm, w, bbar)
             # its terms, each a part of mu^T x, take y's relative error (that of x): rows 2^600 apart gave x right
             # to 1e-16 and an intercept 7e10 times off, without a word (the row-scaled solves: their own bound)
             wg = np.abs(w @ g_raw) / S + (np.abs(v_shift) if v_shift is not None else 0.0)
@@ -296,7 +225,12 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     work = np.result_type(out_dtype, np.float64)
     y = unscaled_x(np.hstack(ys), t, out_dtype).astype(work)
     if ctx.intercept:  # x = (A - 1 a_1^T)^H y (1^T y = 0): sums rounded relative to the spread, not the means
-        norm_as_sq = _shifted_product(ctx, y, alpha, ea, out_dtype, x_path)
+        # (less row t where the kernel was summed less it: row 0 far off)
+        norm_as_sq, ax = _shifted_product(ctx, y, alpha, ea, out_dtype, x_path, shift)
+        if shift:  # the intercept bbar + x0 - a_t^T x, a_t^T x of the scaled problem 2^(alpha - eb) a_t^T A_t^T y
+            at_x = ldexp(np.asarray(ax, dtype=work), alpha - (np.tile(eb, len(ys)) if np.ndim(eb) else eb))
+            icpt = [c - at_x[i * c.size:(i + 1) * c.size] for i, c in enumerate(icpt)]
+            info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
         _product_rounding(ctx, info, np.hstack(ys), norm_as_sq)
         if job.check_finite:
             _check_finite_x(x_path, alpha)
@@ -319,18 +253,21 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     return info
 
 
-def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_dtype: Any, x_path: str) -> float:
-    """``x = 2^alpha (A - 1 a_1^T)^H y`` (``1^T y = 0``: the intercept's ``y = P_w^H y'``) written to ``x_path``
-    in ``out_dtype``, by one pass over column strips of ``A`` that subtracts each strip's first column (row 0
-    of ``A``) in a float64 (complex128) copy (:func:`~blocklin.linalg.solve.kernels.shifted_product_kernel`);
-    returns ``||2^-ea A_s||_F^2`` of the shifted ``A_s`` from the same pass (:func:`_product_rounding`)."""
+def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_dtype: Any, x_path: str,
+                     row: int = 0) -> tuple[float, np.ndarray]:
+    """``x = 2^alpha (A - 1 a_t^T)^H y`` (``1^T y = 0``: the intercept's ``y = P_w^H y'``; ``t = row``, the row the
+    kernel was summed less) written to ``x_path`` in ``out_dtype``, by one pass over column strips of ``A`` that
+    subtracts each strip's column ``t`` (row ``t`` of ``A``) in a float64 (complex128) copy
+    (:func:`~blocklin.linalg.solve.kernels.shifted_product_kernel`); returns ``||2^-ea A_s||_F^2`` of the shifted
+    ``A_s`` from the same pass (:func:`_product_rounding`) and ``a_t^T (A_s^H y)`` per column of ``y`` (float64
+    sums, before ``2^alpha``)."""
     from blocklin.linalg.solve.kernels import shifted_product_kernel
     from blocklin.runtime.passes import plan_kernel_pass
 
     job = ctx.job
     src = source(ctx.A, transposed=True)
     params = {"y": np.ascontiguousarray(y), "alpha": np.asarray(alpha, dtype=np.int64), "unit": float(np.ldexp(1.0, -ea)),
-              "out": np.dtype(out_dtype).name}
+              "out": np.dtype(out_dtype).name, "row": int(row)}
     memory = job.cfg.memory
     if job.device == "gpu":  # as run_pass plans: the strips and the product live on the GPU too
         memory = min(memory, job.device_memory() or memory)
@@ -338,14 +275,15 @@ def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_d
     create_array(x_path, shape=(ctx.n, y.shape[1]), dtype=out_dtype, chunks=(plan.strip, y.shape[1]),
                  codec=job.cfg.codec)
     states = run_pass(job, shifted_product_kernel, [src], params, plan=plan, outputs=(("x", x_path),), peaks=False,
-                      description="x = A^H y of the columns less their first entries").states
+                      description="x = A^H y of the columns less their " + (f"entry {row}" if row else
+                                                                             "first entries")).states
     states = [st for st in states if st is not None]
     cols = ColumnRange(y.shape[1])
     for st in states:
         if "cols" in st:
             cols.merge(st["cols"])
     check_columns(cols, alpha, out_dtype, detail=f"x = 2^{_powers(alpha)} A_s^H y")
-    return float(sum(st["aa"] for st in states))
+    return float(sum(st["aa"] for st in states)), sum((st["ax"] for st in states), np.zeros(y.shape[1], y.dtype))
 
 
 def _product_rounding(ctx: TikhonovRun, info: dict, z: np.ndarray, norm_as_sq: float) -> None:
@@ -429,48 +367,52 @@ def _rows_apart_solves(ctx: TikhonovRun, spec: Any, info: dict, ys: list[np.ndar
 
 
 def _bordered_solves(ctx: TikhonovRun, spec: Any, info: dict, ys: list[np.ndarray], icpt: list[np.ndarray],
-                     kernels: tuple, bc: np.ndarray, w: np.ndarray, bbar: np.ndarray) -> bool:
+                     kernels: tuple, bc: np.ndarray, w: np.ndarray, bbar: np.ndarray) -> tuple[bool, int]:
     """With an intercept, rows far apart: ``z`` (``x = A^T z``, ``1^T z = 0``) and the intercept taken again, in
     place in ``ys`` and ``icpt``, from the bordered dual problem ``[[K + lam^2 I, u], [u^T, 0]] [y; x0] = [D b_c; 0]``
-    (``K = D A_s A_s^T D`` of the rows less row 0, ``u = sqrt(w)``, ``D = diag(u)``, ``z = D y``) through the
-    row-scaled Cholesky of ``K + lam^2 I`` and the Schur complement ``x0 = u^T M D b_c / u^T M u``
-    (``M = (K + lam^2 I)^-1``), as the k-fold fits (:func:`~blocklin.linalg.solve.kfold._bordered_fits`'s test,
-    from the centered kernel and the spectrum in memory). The intercept of the rows given is
-    ``bbar + x0 - a_1^T x``, ``a_1^T x = v^T z`` (``v = A_s a_1`` of the pass). Rows ``1e5`` and ``5e-4`` apart, the
-    large row in the middle: ``x`` ``1e-5`` off, the intercept ``1e-2``, now about ``1e-13``. Not where the shift
-    by row 0 has lost the other rows (:func:`shift_row`: the large row first), whose warnings stay. Returns whether
-    every solution was taken again."""
-    from blocklin.linalg.solve import scaled_kernel
+    (``K = D A_t A_t^T D`` of the rows less a row ``t``, ``u = sqrt(w)``, ``D = diag(u)``, ``z = D y``) on the
+    row-scaled kernel (:func:`~blocklin.linalg.solve.bordered_kernel.bordered_fit`, as the k-fold fits and the
+    leave-one-out), where the k-fold's test (:func:`~blocklin.linalg.solve.scaled_kernel.refit` of the centered
+    kernel and the spectrum in memory) asks, or where row 0 lies far from the others
+    (:func:`~blocklin.linalg.solve.shifted_gram.less_typical_row`: the kernel summed again less a typical row ``t``,
+    one more pass, or the one the lambda's choice took). The intercept of the rows given is
+    ``bbar + x0 - a_t^T x``: for ``t = 0`` ``a_1^T x = v^T z`` (``v = A_s a_1`` of the pass), else from the
+    product's pass less the same row (the caller). Rows ``1e5`` and ``5e-4`` apart: the large row in the middle,
+    ``x`` ``1e-5`` off and the intercept ``1e-2``; first, ``5e-4`` and ``1.5`` (warned): now about ``1e-13``.
+    Returns whether every solution was taken again, and ``t`` (0 unless every one was, of the kernel less ``t``)."""
+    from blocklin.linalg.solve import bordered_kernel, scaled_kernel
+    from blocklin.linalg.solve.shifted_gram import less_typical_row
 
     kc, raw, v = kernels
-    if ctx.cdtype != "float64" or shift_row(raw, w) is not None:
-        return False
+    if ctx.cdtype != "float64":
+        return False, 0
     lams = np.atleast_1d(np.asarray(info.get("lam"), dtype=np.float64))
+    t, kt = less_typical_row(ctx, raw, w, lams**2) if np.all(lams > 0) else (0, raw)
     ev = np.clip(np.asarray(spec.s, dtype=np.float64) ** 2, 0.0, None)
     noise = kc.shape[0] * np.finfo(np.float64).eps * float(ev.max(initial=0.0))
     cut = np.any(ev[:, None] + lams[None, :] ** 2 <= noise, axis=0)
-    redo = scaled_kernel.refit(kc, ev, lams, cut)
+    redo = scaled_kernel.refit(kc, ev, lams, cut) | ((t != 0) & (lams > 0))
     if not redo.any():
-        return False
+        return False, 0
     u = np.sqrt(w)
-    ks = u[:, None] * raw * u[None, :]
+    ks = u[:, None] * kt * u[None, :]
     ks = (ks + ks.T) / 2
     per_column = len(ys) == 1 and lams.size > 1  # column j at its own lambda
-    done = np.zeros(lams.size, dtype=bool)
+    fits = {}
     for l in np.flatnonzero(redo):
-        factor = scaled_kernel.scaled_factor(ks, float(lams[l]) ** 2)
-        if factor is None:
-            continue
+        lam2 = float(lams[l]) ** 2
+        factor = bordered_kernel.bordered_factor(ks, u, lam2)
+        if factor is not None:
+            fits[l] = bordered_kernel.bordered_fit(factor, ks, u, lam2, bc[:, l:l + 1] if per_column else bc)
+    if t and len(fits) < lams.size:  # the product less row t must serve every solution: none taken again
+        return False, 0
+    for l, (y, x0) in fits.items():
         cols = slice(l, l + 1) if per_column else slice(None)
-        zb = scaled_kernel.scaled_solve(factor, bc[:, cols])
-        zu = scaled_kernel.scaled_solve(factor, u[:, None])[:, 0]
-        x0 = (u @ zb) / (u @ zu)
-        z = u[:, None] * (zb - np.outer(zu, x0))
+        z = u[:, None] * y
         i = 0 if per_column else l
         ys[i][:, cols] = z
-        icpt[i][cols] = bbar[cols] + x0 - (v @ z if v is not None else 0.0)
-        done[l] = True
-    return bool(done.all())
+        icpt[i][cols] = bbar[cols] + x0 - (v @ z if v is not None and not t else 0.0)
+    return len(fits) == lams.size, t
 
 
 def _without_intercept_direction(ctx: TikhonovRun, spec: Any, sw: np.ndarray) -> Any:
