@@ -273,3 +273,14 @@ def test_wide_intercept_rows_apart_through_the_out_of_core_gemms(monkeypatch):
     _check_intercept_solve(a, b, lam2, got, _typical_row(a))
     got = bl.solve(a, b, lam=("loo", np.sqrt(LAMS2)), cv=5, fit_intercept=True)
     _check_intercept_solve(a, b, float(got.report["alpha_"]), got, _typical_row(a))
+
+
+@pytest.mark.gpu
+def test_wide_solve_with_intercept_large_row_first_on_gpu():
+    """The product less the typical row and its ``a_t^T x`` through the shifted product's device branch (a GPU, or
+    the CuPy stand-in: ``pytest --cupy-standin``): the bounds of the CPU."""
+    a, b = _data("first")
+    lam2 = LAMS2[1]
+    got = bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True, device="gpu", scheduler="sync")
+    assert got.report["device"] == "gpu"
+    _check_intercept_solve(a, b, lam2, got, _typical_row(a))
