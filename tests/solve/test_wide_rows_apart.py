@@ -63,16 +63,19 @@ def _x_mp(a: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.array([float(v) for v in x])
 
 
+@pytest.mark.parametrize("method", ["auto", "qr"])
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("lam2", LAMS2)
-def test_wide_solve_at_one_lambda_rows_apart(where, lam2):
+def test_wide_solve_at_one_lambda_rows_apart(where, lam2, method):
     """``solve(a, b, lam)`` without an intercept: ``x`` had been ``9e-7`` off (relative) with the large row in the
     middle or last at both lambdas, no warning; the row-scaled condition is about 1e3 (wide._rows_apart_solves).
+    ``method="qr"`` takes the SVD of the streaming ``R`` (``A A^T = R^H R`` never formed, its values to
+    ``eps ||A||``): ``3e-11`` off, within the same bound, so it keeps its spectrum.
 
     Bound: ``||d(D y)|| <= (m + n) eps cond(H) ||D y||``, reaching ``x = A^T y`` through ``||A^T D^-1||_2``, plus
     the product's own rounding ``n eps || |A|^T |y| ||`` and the output's ``eps ||x||``."""
     a, b = _data(where)
-    x = np.asarray(bl.solve(a, b, lam=np.sqrt(lam2))).ravel()
+    x = np.asarray(bl.solve(a, b, lam=np.sqrt(lam2), method=method)).ravel()
     y, _ = _dual_mp(a, b, lam2, False)
     xr = _x_mp(a, y)
     k = a @ a.T
