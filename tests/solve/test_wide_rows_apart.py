@@ -287,3 +287,33 @@ def test_wide_solve_with_intercept_large_row_first_on_gpu():
     got = bl.solve(a, b, lam=np.sqrt(lam2), fit_intercept=True, device="gpu", scheduler="sync")
     assert got.report["device"] == "gpu"
     _check_intercept_solve(a, b, lam2, got, _typical_row(a))
+
+
+def test_wide_intercept_large_row_first_resumes_after_the_pass_less_a_row(tmp_path, monkeypatch):
+    """Interrupted after the pass less the typical row (at the product), ``resume=True`` takes the Gram matrix and
+    the kernel less that row from their records (``wide-gram``, ``wide-gram-less-row-t``): only the product runs
+    again, and the bits are those of an uninterrupted run."""
+    import blocklin.linalg.solve.shifted_gram as shifted_gram
+    import blocklin.linalg.solve.wide as wide
+
+    a, b = _data("first")
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(M, 10))
+    bl.from_array(b[:, None], tmp_path / "B.zarr", chunks=(M, 1))
+    (tmp_path / "tmp").mkdir()
+    kw = dict(lam=0.1, fit_intercept=True, scheduler="sync", temp_dir=str(tmp_path / "tmp"))
+    ref = bl.solve(str(tmp_path / "A.zarr"), str(tmp_path / "B.zarr"), out=str(tmp_path / "ref.zarr"), **kw)
+    assert ref.report["passes"] == 3
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wide, "_shifted_product", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(str(tmp_path / "A.zarr"), str(tmp_path / "B.zarr"), out=str(tmp_path / "x.zarr"), resume=True, **kw)
+    monkeypatch.undo()
+    ran = []
+    real = shifted_gram.run_pass
+    monkeypatch.setattr(shifted_gram, "run_pass", lambda *args, **kwargs: ran.append(1) or real(*args, **kwargs))
+    x = bl.solve(str(tmp_path / "A.zarr"), str(tmp_path / "B.zarr"), out=str(tmp_path / "x.zarr"), resume=True, **kw)
+    assert not ran and x.report["passes"] == 1
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
