@@ -184,7 +184,19 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     if ctx.intercept:
         spec = _without_intercept_direction(ctx, spec, np.sqrt(w))
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
-    ys = coefficients(ctx, spec, info, "row")
+    held: list = []  # the spectrum's warnings, where the bordered solves may take every solution again
+    if ctx.intercept and r is None and ctx.cdtype == "float64":
+        import warnings
+
+        try:
+            with warnings.catch_warnings(record=True) as held:
+                warnings.simplefilter("always")
+                ys = coefficients(ctx, spec, info, "row")
+        except BaseException:  # what was said before a refusal or an interrupt is said still
+            _replay(held, superseded=False)
+            raise
+    else:
+        ys = coefficients(ctx, spec, info, "row")
     if ctx.dual_kernel is not None and not ctx.intercept:  # rows far apart: the solves again from the row-scaled
         # kernel; with an intercept dual_kernel is the kernel of the rows less a row (the bordered system's,
         # _bordered_solves), which these solves must not take
@@ -203,6 +215,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
             # its terms, each a part of mu^T x, take y's relative error (that of x): rows 2^600 apart gave x right
             # to 1e-16 and an intercept 7e10 times off, without a word (the row-scaled solves: their own bound)
             wg = np.abs(w @ g_raw) / S + (np.abs(v_shift) if v_shift is not None else 0.0)
+            _replay(held, superseded=redone)
             if not redone:
                 warn_intercept(float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps,
                                np.hstack([wg @ np.abs(y) for y in ys]), np.hstack(icpt), "")
@@ -398,14 +411,17 @@ def _bordered_solves(ctx: TikhonovRun, spec: Any, info: dict, ys: list[np.ndarra
     ks = u[:, None] * kt * u[None, :]
     ks = (ks + ks.T) / 2
     per_column = len(ys) == 1 and lams.size > 1  # column j at its own lambda
-    fits = {}
+    fits, bounds = {}, []
     for l in np.flatnonzero(redo):
         lam2 = float(lams[l]) ** 2
         factor = bordered_kernel.bordered_factor(ks, u, lam2)
         if factor is not None:
             fits[l] = bordered_kernel.bordered_fit(factor, ks, u, lam2, bc[:, l:l + 1] if per_column else bc)
+            bounds.append(_bordered_condition(ks, lam2, factor, fits[l][0], ctx.n))
     if t and len(fits) < lams.size:  # the product less row t must serve every solution: none taken again
         return False, 0
+    if len(fits) == lams.size:  # every solution's rounding is the bordered system's, not the spectrum's
+        _report_bordered(info, max(bounds))
     for l, (y, x0) in fits.items():
         cols = slice(l, l + 1) if per_column else slice(None)
         z = u[:, None] * y
@@ -413,6 +429,56 @@ def _bordered_solves(ctx: TikhonovRun, spec: Any, info: dict, ys: list[np.ndarra
         ys[i][:, cols] = z
         icpt[i][cols] = bbar[cols] + x0 - (v @ z if v is not None and not t else 0.0)
     return len(fits) == lams.size, t
+
+
+def _bordered_condition(ks: np.ndarray, lam2: float, factor: tuple, y: np.ndarray, n: int) -> float:
+    """The factor the bordered solve (:func:`_bordered_solves`) amplifies ``eps`` by in ``x = A_t^T D y``:
+    ``(m + n) cond(F) ||D y||`` (``D y``'s forward error, :mod:`~blocklin.linalg.solve.bordered_kernel`) through
+    ``||A_t^T D^-1||_2 = ||D^-1 K D^-1||_2^(1/2)`` (``D = diag(sqrt(K_ii + lam^2))``), over
+    ``||x|| = (y^T K y)^(1/2)``; per column, the largest (the product's own rounding is added by
+    :func:`_product_rounding`)."""
+    d, cond = factor[1], float(factor[3])
+    m = ks.shape[0]
+    scale = math.sqrt(float(np.linalg.norm(ks / np.outer(d, d), 2)))
+    xn = np.sqrt(np.maximum(np.einsum("ik,ij,jk->k", y, ks, y), 0.0))
+    dyn = np.linalg.norm(d[:, None] * y, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        amp = np.where(xn > 0, (m + n) * cond * scale * dyn / xn, 0.0)
+    return float(np.max(amp, initial=0.0))
+
+
+def _report_bordered(info: dict, amp: float) -> None:
+    """``report["condition_estimate"]`` where the bordered solves took every solution again: the smaller of the
+    spectrum's norm-wise estimate and the bordered system's (:func:`_bordered_condition`; the solves are taken
+    again where :func:`~blocklin.linalg.solve.scaled_kernel.refit` judges them at least as accurate, and each
+    estimate is a worst case: with well-scaled rows the spectrum's is the tighter), and an
+    :class:`~blocklin.errors.IllConditionedWarning` where that reaches ``1 / eps`` (the spectrum's own warning,
+    held, is dropped: :func:`_replay`). Rows ``1e5`` and ``5e-4`` apart with weights and the large row first at
+    ``lam^2 = 1e-8``: the spectrum of the kernel less row 0 had said no correct digit where ``x`` is ``4e-12``
+    off (the bordered estimate ``5e-9``)."""
+    from blocklin.errors import IllConditionedWarning, warn
+
+    amp = min(amp, float(info.get("condition_estimate", amp)))
+    info["condition_estimate"] = amp
+    if amp * np.finfo(np.float64).eps >= 1:
+        warn(f"solve: x may have no correct digit: the bordered system of the intercept on the row-scaled kernel "
+             f"amplifies the rounding by {amp:.3g} (report['condition_estimate']); a larger lam, or a's rows nearer "
+             "each other in scale, avoid it", IllConditionedWarning)
+
+
+def _replay(held: list, *, superseded: bool) -> None:
+    """Emit the warnings held while the spectrum gave the solutions, less its norm-wise ``no correct digit``
+    (:func:`~blocklin.linalg.solve.spectrum.warn_inaccurate`) where the bordered solves took every solution again
+    (``superseded``: their own estimate and warning, :func:`_report_bordered`)."""
+    import warnings
+
+    from blocklin.errors import IllConditionedWarning
+
+    for w in held:
+        if superseded and issubclass(w.category, IllConditionedWarning) and \
+                str(w.message).startswith("solve: x may have no correct digit: at lam"):
+            continue
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _without_intercept_direction(ctx: TikhonovRun, spec: Any, sw: np.ndarray) -> Any:
