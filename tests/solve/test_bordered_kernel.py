@@ -83,3 +83,23 @@ def test_wide_loo_with_an_intercept_warns_where_the_scaled_kernel_is_ill_conditi
         bl.solve(a, b, lam=("loo", [1e-7, 1e-1]), fit_intercept=True, temp_dir=str(tmp_path))
     said = [str(c.message) for c in caught if "leave-one-out errors with fit_intercept" in str(c.message)]
     assert len(said) == 1 and "lam in [1e-07, 1e-07]" in said[0] and "no digit" in said[0], said
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bordered_fit_solves_the_bordered_system(weighted):
+    """``(y, x0)`` of ``[[K + lam^2 I, u], [u^T, 0]] [y; x0] = [c; 0]`` (the k-fold fits and the solve at given
+    lambdas): against the bordered system solved whole, for a well-conditioned problem, within ``(m + n) eps``
+    times its condition (norm-wise)."""
+    rng = np.random.default_rng(6)
+    m, n, lam2 = 12, 30, 0.3
+    a = rng.standard_normal((m, n)) + 2.0
+    u = np.sqrt(rng.uniform(0.5, 2.0, m) if weighted else np.ones(m))
+    k = u[:, None] * ((a - a[2]) @ (a - a[2]).T) * u[None, :]
+    c = rng.standard_normal((m, 2))
+    factor = bk.bordered_factor(k, u, lam2)
+    y, x0 = bk.bordered_fit(factor, k, u, lam2, c)
+    big = np.block([[k + lam2 * np.eye(m), u[:, None]], [u[None, :], np.zeros((1, 1))]])
+    want = np.linalg.solve(big, np.vstack([c, np.zeros((1, 2))]))
+    tol = 4 * (m + n) * EPS * np.linalg.cond(big) * np.linalg.norm(want)
+    assert np.linalg.norm(np.vstack([y, x0[None, :]]) - want) <= tol
+    assert np.linalg.norm(u @ y) <= tol  # the border's constraint
