@@ -260,15 +260,21 @@ def test_resume_skips_finished_tiles(tmp_path, rng):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr.partial-")]
 
 
-def test_a_resumed_product_beyond_the_range_is_refused(tmp_path, rng):
+@pytest.mark.parametrize("scale,match", [(1e200, r"must give a product within float64's range .*got an output "
+                                                  r"holding Inf or NaN"),
+                                         (2.0 ** -530, r"must give a product within float64's normal range .*got a "
+                                                       r"product whose entries are all below 2\^-\d+")],
+                         ids=["beyond", "below"])
+def test_a_resumed_product_beyond_the_range_is_refused(tmp_path, rng, scale, match):
     """A resumed run takes the peaks of the tiles it skips from their markers; where a marker kept none (an
     empty one, as a run that kept no peaks leaves) the tally was incomplete and the range check was
     skipped: a product of overflowing sums came back as Inf, silently. It reads the output then, and
-    refuses as the fresh run does; with every marker's peaks it needs no read."""
+    refuses as the fresh run does; with every marker's peaks it needs no read. The same read finds a
+    product below the normal numbers (operands near ``2^-530``)."""
     from blocklin.errors import ParameterError
 
-    a = rng.standard_normal((120, 90)) * 1e200
-    b = rng.standard_normal((90, 100)) * 1e200
+    a = rng.standard_normal((120, 90)) * scale
+    b = rng.standard_normal((90, 100)) * scale
     a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
     b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
     _interrupted_at_the_third_tile(a_path, b_path, tmp_path / "c.zarr")
@@ -276,8 +282,7 @@ def test_a_resumed_product_beyond_the_range_is_refused(tmp_path, rng):
     assert len(markers) == 2
     for m in markers:
         m.write_bytes(b"")
-    with pytest.raises(ParameterError, match=r"must give a product within float64's range .*got an output holding "
-                                             r"Inf or NaN"):
+    with pytest.raises(ParameterError, match=match):
         bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
     assert not (tmp_path / "c.zarr").exists()
 
@@ -362,6 +367,62 @@ def test_a_product_beyond_the_range_is_refused_with_the_scaling_that_fits(tmp_pa
     s64, b64 = scaled.astype(np.float64), b.astype(np.float64)
     assert_product(c, s64 @ b64, s64, b64, dtype=dtype)
     assert not np.isfinite(bl.matmul(a, b, check_finite=False, **kw)[...]).all()  # unchecked: as computed
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("dtype,e", [(np.float64, -520), (np.float64, -530), (np.float64, -600), (np.float32, -70),
+                                     (np.float32, -80)])
+@pytest.mark.parametrize("n,memory", [(2, None), (40, "64KiB")])  # the thin (rows) route and GEMM tiles
+def test_a_product_below_the_normal_numbers_is_refused_with_the_scaling_that_fits(tmp_path, rng, dtype, e, n,
+                                                                                  memory):
+    """Operands near 2^-520 (float64) whose every term lies below the normal numbers had given a product 3e-11
+    off, 3e-5 at 2^-530 and all zeros (relative error 1) at 2^-600, silently (float32 near 2^-70 and 2^-80 the
+    same), where ``gram`` of the same data refuses. ``|alpha| k max|a| max|b|`` is below 2^minexp there, so every
+    entry is: the product is refused, naming the powers of two that bring it into range; no output is left, and
+    the fix it names gives the scaled product within the usual bound. ``check_finite=False`` keeps it as
+    computed."""
+    import re
+
+    from blocklin.errors import ParameterError
+    from support.tolerances import assert_product
+
+    a = np.ldexp(rng.standard_normal((30, 20)), e).astype(dtype)
+    b = np.ldexp(rng.standard_normal((20, n)), e).astype(dtype)
+    kw = {"memory": memory} if memory else {}
+    with pytest.raises(ParameterError, match=rf"^a: must give a product within {np.dtype(dtype).name}'s normal "
+                                             r"range .*got a product whose entries are all below 2\^-\d+") as err:
+        bl.matmul(a, b, tmp_path / "c.zarr", **kw)
+    assert not (tmp_path / "c.zarr").exists() and not list(tmp_path.glob(".c.zarr*"))
+    pa, pb, p = (int(g) for g in re.search(r"scale a by 2\^(\d+) and b by 2\^(\d+) .*then 2\^(\d+) times",
+                                           str(err.value)).groups())
+    assert pa + pb == p
+    sa, sb = np.ldexp(a, pa), np.ldexp(b, pb)  # exact: a and b are normal numbers, and so are these
+    assert np.array_equal(np.ldexp(sa, -pa), a) and np.array_equal(np.ldexp(sb, -pb), b)
+    c = bl.matmul(sa, sb, tmp_path / "c.zarr", **kw)[...]
+    s64, b64 = sa.astype(np.float64), sb.astype(np.float64)
+    assert_product(c, s64 @ b64, s64, b64, dtype=dtype)
+    with np.errstate(under="ignore"):
+        bl.matmul(a, b, check_finite=False, **kw)  # unchecked: as computed
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_product_that_merely_cancels_below_the_normal_numbers_is_kept(tmp_path, dtype):
+    """The refusal of a product below the normal numbers is the operands' bound's (``|alpha| k max|a| max|b|
+    + |beta| max|c|`` below 2^minexp), never the output's alone: sums of normal terms that cancel to a
+    subnormal carry the usual error (here none: the cancellation is exact), a zero product is exact, and
+    ``beta c`` in the normal range keeps a product whose ``alpha A B`` alone is below it."""
+    fi = np.finfo(dtype)
+    h = fi.minexp // 2 + 1  # a_i b_i = 2^(2h), a normal number; their difference 2^(2h - nmant) is subnormal
+    a = np.array([[2.0 ** h, -2.0 ** h]], dtype)
+    b = np.array([[2.0 ** h * (1 + fi.eps)], [2.0 ** h]], dtype)
+    got = bl.matmul(a, b, tmp_path / "c.zarr")[...]
+    want = np.ldexp(1.0, 2 * h - fi.nmant)
+    assert 0 < want < fi.tiny and got[0, 0] == want
+    assert not bl.matmul(np.zeros((3, 2), dtype), b, overwrite=True)[...].any()
+    tiny = np.ldexp(np.ones((3, 2), dtype), fi.minexp // 2 - 8)
+    c = np.ones((3, 1), dtype)
+    got = bl.matmul(tiny, tiny[:2, :1], c=c, beta=1.0)[...]
+    assert np.array_equal(got, c)
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])

@@ -268,6 +268,40 @@ def test_a_sparse_product_beyond_the_range_is_refused(stored, tmp_path, product)
     assert not np.isfinite(ref).all() and np.array_equal(np.isfinite(got), np.isfinite(ref))
 
 
+@pytest.mark.parametrize("dtype,e", [(np.float64, -600), (np.float64, -530), (np.float32, -80)])
+@pytest.mark.parametrize("product", ["S B", "S^T B", "X S"])
+def test_a_sparse_product_below_the_normal_numbers_is_refused(stored, tmp_path, product, dtype, e):
+    """Entries near 2^-600 (float64; 2^-80 in float32) whose every term lies below the normal numbers had
+    given a zero product, and near 2^-530 one of few digits, silently, as the dense product had: refused as
+    it is now (``k max|s| max|b|`` below 2^minexp), no output left, the scalings it names give the product in
+    range; ``check_finite=False`` keeps it as computed."""
+    import re
+
+    x, _ = stored
+    y = x.astype(dtype)
+    y.data = np.ldexp(y.data, e).astype(dtype)
+    s = bl.from_sparse(y, tmp_path / "y.zarr")
+    b = np.ldexp(np.random.default_rng(5).standard_normal((90 if product == "S B" else 700, 3)), e).astype(dtype)
+    kw = {"trans_a": True} if product == "S^T B" else {}
+    args = {"S B": (s, b), "S^T B": (s, b), "X S": (b.T, s)}[product]
+    with pytest.raises(ParameterError, match=rf"^a: must give a product within {np.dtype(dtype).name}'s normal "
+                                             r"range .*got a product whose entries are all below 2\^-\d+") as err:
+        bl.matmul(*args, tmp_path / "c.zarr", memory="1MiB", **kw)
+    assert not (tmp_path / "c.zarr").exists() and not list(tmp_path.glob(".c.zarr*"))
+    pa, pb, p = (int(g) for g in re.search(r"sparse matrix by 2\^(\d+) .*dense operand by 2\^(\d+) .*then "
+                                           r"2\^(\d+) times", str(err.value)).groups())
+    assert pa + pb == p
+    z = y.copy()
+    z.data = np.ldexp(y.data, pa)
+    zs, bz = bl.from_sparse(z, tmp_path / "z.zarr"), np.ldexp(b, pb)
+    got = bl.matmul(*({"S B": (zs, bz), "S^T B": (zs, bz), "X S": (bz.T, zs)}[product]), memory="1MiB", **kw)
+    z64, b64 = z.astype(np.float64).toarray(), bz.astype(np.float64)
+    ref = {"S B": lambda: z64 @ b64, "S^T B": lambda: z64.T @ b64, "X S": lambda: b64.T @ z64}[product]()
+    ops = {"S B": (z64, b64), "S^T B": (z64.T, b64), "X S": (b64.T, z64)}[product]
+    assert_product(got.to_numpy(), ref, *ops, dtype=dtype)
+    bl.matmul(*args, memory="1MiB", check_finite=False, **kw)  # unchecked: as computed
+
+
 def test_a_sparse_gram_whose_sums_overflow_is_refused(tmp_path):
     """Entries below ``2^512`` whose squares sum past float64's range (34 of ``1.5 * 2^511`` in a column)
     had returned a Gram holding Inf without an error: the refusal had judged the range by

@@ -27,6 +27,7 @@ from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.tiles import GemmSpec, gemm_runs, gemm_tiles, tile_peaks
+from blocklin.linalg.products.below_normal import refusal as below_normal_refusal, shortfall, split_power
 from blocklin.linalg.products.thin import run_thin, thin_plan
 from blocklin.operands import temp_root
 from blocklin.storage.atomic import open_or_create_array
@@ -309,9 +310,22 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     >>> bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True).route  # C C^T: gram
     'pass'
     """
+    return product(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
+                   precision=precision, overwrite=overwrite, resume=resume, explain=explain, out_chunks=out_chunks,
+                   **settings)
+
+
+def product(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
+            trans_a: bool = False, trans_b: bool = False, dtype: Any = None, precision: str | None = None,
+            overwrite: bool = False, resume: bool = False, explain: bool = False,
+            out_chunks: tuple[int, int] | None = None, below_normal_ok: bool = False,
+            **settings: Unpack[Settings]) -> Any:
+    """:func:`matmul` for blocklin's own callers: ``below_normal_ok`` keeps an output whose every entry the
+    operands put below the normal numbers, which :func:`matmul` refuses (``lstsq``'s ``A x`` of data near
+    ``2^-1030``, whose accuracy the solve states itself)."""
     sparse = _sparse_route(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
                            precision=precision, overwrite=overwrite, resume=resume, explain=explain,
-                           out_chunks=out_chunks, settings=settings)
+                           out_chunks=out_chunks, settings=settings, below_normal_ok=below_normal_ok)
     if sparse is not None:
         return sparse
     if explain:  # the plan alone: matmul_plan
@@ -330,13 +344,13 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         thin = thin_plan(job, op, out_chunks)
         if thin is not None:  # op(B) held, A streamed by rows in one pass
             return _write(job, op, thin, out, lambda ao: run_thin(job, op, thin, ao.array_path(), peaks=tally),
-                          overwrite=overwrite, resume=resume, route="rows", peaks=tally,
+                          overwrite=overwrite, resume=resume, route="rows", peaks=tally, below_normal_ok=below_normal_ok,
                           route_reason=f"op(B) has {thin.n} column(s): held in memory, A streamed by rows in one "
                                        "pass (read once, on every core)",
                           phases={"products of row strips (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
         plan = op.plan(job, out_chunks, out)
         return _write(job, op, plan, out, lambda ao: op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally),
-                      overwrite=overwrite, resume=resume, peaks=tally,
+                      overwrite=overwrite, resume=resume, peaks=tally, below_normal_ok=below_normal_ok,
                       phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
 
 
@@ -439,37 +453,74 @@ def _overflow_refusal(op: Gemm, fix: str | None = None) -> ParameterError:
                                f"{'below 2^' + str(e) if e is not None else 'unknown'}, k = {k})", fix))
 
 
-def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | None, fix: str | None = None) -> None:
+def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | None, fix: str | None = None, *,
+                       below_normal: bool = False) -> None:
     """Refuse (:func:`_overflow_refusal`) an output of finite operands that holds Inf or NaN, where the job
     checks for them: from the tiles' peaks where every tile gave them, else by reading the output once
     (a resumed run skipped tiles whose markers kept no peaks: their sums had gone unchecked, and a
-    product of overflowing sums was returned). ``fix``: the refusal's fix, where not the scaling of ``a``."""
+    product of overflowing sums was returned). ``fix``: the refusal's fix, where not the scaling of ``a``.
+
+    ``below_normal``: refuse too (:func:`_check_normal_range`) an output whose every entry the operands put
+    below the normal numbers (:func:`matmul`'s; blocklin's own products of data it scaled, or whose accuracy
+    it states, as ``lstsq``'s ``A x`` of subnormal data, keep it)."""
     if not job.check_finite:
         return
     if peaks is not None and peaks.complete:
-        if not np.isfinite(peaks.columns).all():
-            raise _overflow_refusal(op, fix)
-        return
-    from blocklin.storage.zarr_store import row_bands
+        top = float(np.max(peaks.columns)) if peaks.columns.size else 0.0  # NaN propagates
+    else:
+        from blocklin.storage.zarr_store import row_bands
 
-    if any(not np.isfinite(block).all() for _, block in row_bands(out_path)):
+        top = 0.0
+        for _, block in row_bands(out_path):
+            if block.size:  # max(|Re|, |Im|), as the peaks
+                big = np.abs(block) if block.dtype.kind != "c" else np.maximum(abs(block.real), abs(block.imag))
+                band = float(np.max(big))  # NaN propagates here, not through max(top, nan)
+                if not np.isfinite(band):
+                    raise _overflow_refusal(op, fix)
+                top = max(top, band)
+    if not np.isfinite(top):
         raise _overflow_refusal(op, fix)
+    if below_normal and top < float(np.finfo(op.dtype).tiny) and min(op.shape) > 0:
+        _check_normal_range(op)
+
+
+def _check_normal_range(op: Gemm) -> None:
+    """Refuse an output whose every entry lies below the output dtype's normal numbers because the operands
+    put it there: ``|alpha| k max |a| max |b| + |beta| max |c|`` below ``2^minexp``
+    (:mod:`~blocklin.linalg.products.below_normal`; operands near ``2^-600`` had given a zero product, near
+    ``2^-530`` one ``3e-5`` off, silently, where ``gram`` refuses). Called where the output's largest entry
+    is below it: a pass over each operand whose peaks are not recorded, on that path only."""
+    k = op.A.shape[0] if op.trans_a else op.A.shape[1]
+    terms = [(lambda: abs(op.alpha), lambda: float(k), lambda: max_abs(op.A), lambda: max_abs(op.B))]
+    if op.C is not None:
+        terms.append((lambda: abs(op.beta), lambda: max_abs(op.C)))
+    found = shortfall(terms, op.dtype)
+    if found is None:
+        return
+    e, p = found
+    pa, pb = split_power(p)
+    also = f" and c by 2^{p}" if op.C is not None else ""
+    raise below_normal_refusal(
+        "a", op.dtype, e, p, f"|alpha| k max |a| max |b|{' + |beta| max |c|' if op.C is not None else ''} below "
+        f"2^{e}, k = {k}", f"scale a by 2^{pa} and b by 2^{pb}{also} (numpy.ldexp(a, {pa}): exact): the product is "
+        f"then 2^{p} times this one, within range; alpha does not help (it is applied to the sums)")
 
 
 def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,
-           resume: bool, peaks: PeakTally | None = None, **report: Any) -> Matrix:
+           resume: bool, peaks: PeakTally | None = None, below_normal_ok: bool = False, **report: Any) -> Matrix:
     """Claim ``out`` (resumable by ``op.token(plan, plan_settings(job))``), create its array in
     ``plan.out_chunks``, ``run`` the route into it (given the claimed output), then report (with ``report``'s entries) and commit: the tail
     of both dense routes, the tiles and the thin product's row pass.
 
     ``peaks``: the tally ``run`` filled with the output's peaks, recorded once the output is committed
     (:func:`~blocklin.storage.recorded_peaks.record`: nothing where it is incomplete or not finite); the
-    report's ``output_peaks_recorded`` says whether it was."""
+    report's ``output_peaks_recorded`` says whether it was. ``below_normal_ok``: keep an output whose every
+    entry lies below the normal numbers (:func:`check_output_range`)."""
     ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan, plan_settings(job)),
                    size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     run(ao)
-    check_output_range(job, op, ao.array_path(), peaks)
+    check_output_range(job, op, ao.array_path(), peaks, below_normal=not below_normal_ok)
     rep = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
                      compute_dtype=op.compute.name, **report)
     result = job.finish(ao, out, rep, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)
@@ -480,7 +531,7 @@ def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callabl
 
 def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float, trans_a: bool, trans_b: bool,
                   dtype: Any, precision: Any, overwrite: bool, resume: bool, explain: bool, out_chunks: Any,
-                  settings: dict) -> Any:
+                  settings: dict, below_normal_ok: bool = False) -> Any:
     """``S B`` or ``S^T B`` of a stored sparse ``a``, or ``op(A) op(S)`` of a dense ``a`` and a stored sparse
     ``b`` (:mod:`blocklin.linalg.products.sparse_gemm`); None when both are dense."""
     from blocklin.linalg.products.sparse_gemm import refuse_options, sparse_matmul, sparse_operand, sparse_product_plan
@@ -499,7 +550,8 @@ def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float
             return sparse_product_plan(right, a, trans_a=bool(trans_b), dtype=dtype, dense_left=True,
                                        trans_dense=bool(trans_a), settings=settings)
         return sparse_matmul(right, a, out, trans_a=bool(trans_b), dtype=dtype, overwrite=overwrite, resume=resume,
-                             dense_left=True, trans_dense=bool(trans_a), settings=settings)
+                             dense_left=True, trans_dense=bool(trans_a), settings=settings,
+                             below_normal_ok=below_normal_ok)
     if trans_a and sparse_operand(b, "b", so) is not None and _same_store(s.path, sparse_operand(b, "b", so).path):
         from blocklin.linalg.products.sparse_gemm import sparse_gram
 
@@ -513,7 +565,7 @@ def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float
     if explain:
         return sparse_product_plan(s, b, trans_a=bool(trans_a), dtype=dtype, settings=settings)
     return sparse_matmul(s, b, out, trans_a=bool(trans_a), dtype=dtype, overwrite=overwrite, resume=resume,
-                         settings=settings)
+                         settings=settings, below_normal_ok=below_normal_ok)
 
 
 def _is_gram(op: Gemm) -> bool:

@@ -357,8 +357,11 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
         write_block(out, slice(o0, o1), slice(c0, c1), tile)
     if spec.done_dir is not None:
         mark_done(spec.done_dir, unit)
-    return {"flops": 0, "bytes_read": pieces.bytes + b_bytes, "bytes_physical": pieces.bytes,
+    done = {"flops": 0, "bytes_read": pieces.bytes + b_bytes, "bytes_physical": pieces.bytes,
             "bytes_written": acc.size * out.dtype.itemsize}
+    if spec.check_finite:  # the tile's largest entry, for the refusal of a product below the normal numbers
+        done["top"] = float(np.max(np.abs(tile))) if tile.size else 0.0
+    return done
 
 
 def _overflow_refusal(tile: np.ndarray, dt: np.dtype, rows: tuple[int, int], cols: tuple[int, int],
@@ -473,7 +476,7 @@ def refuse_options(operation: str = "matmul(S, B, out, trans_a=..., dtype=...) o
 
 def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = False, dtype: Any = None,
                   overwrite: bool = False, resume: bool = False, dense_left: bool = False, trans_dense: bool = False,
-                  settings: dict) -> Any:
+                  settings: dict, below_normal_ok: bool = False) -> Any:
     """``S B`` or ``S^T B`` (``trans_a``) of a stored sparse ``S`` and a dense ``B``, written to ``out``;
     with ``dense_left``, ``op(X) S`` or ``op(X) S^T`` of a dense left operand ``X = b``.
 
@@ -495,6 +498,9 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
         The dense operand on the left, ``op(X) op(S)`` with ``op(X) = X^T`` for ``trans_dense``:
         computed as ``(op(S)^T op(X)^T)^T``, the same tiles with ``op(X)^T`` read as column strips of
         the stored ``X`` (or its row strips for ``trans_dense``) and each output tile written across.
+    below_normal_ok : bool
+        Keep a product whose every entry the operands put below the normal numbers (refused by
+        :func:`blocklin.matmul`, as the dense product's, :mod:`~blocklin.linalg.products.below_normal`).
 
     Returns
     -------
@@ -538,11 +544,57 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
             for j in range(gj):
                 graph.add((i, j), sparse_tile, spec, i, j)
         workers = _workers(job, plan)
-        job.run(graph, workers=workers, description=f"sparse {product} tiles", count_pass="a")
+        results = job.run(graph, workers=workers, description=f"sparse {product} tiles", count_pass="a")
+        if job.check_finite and not below_normal_ok:
+            _check_normal_range(s, B, plan, dt, results, ao.array_path())
         report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(workers), output=str(ao.path),
                             route="sparse", workers=workers, product=product,
                             phases={"sparse tiles (CSR pieces times B)": "cpu", "reads and writes": "cpu"})
         return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
+
+
+def _check_normal_range(s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype, results: list, out: Any) -> None:
+    """Refuse a product whose every entry ``S`` and ``B`` put below ``dt``'s normal numbers:
+    ``k max |s| max |b|`` below ``2^minexp`` (:mod:`~blocklin.linalg.products.below_normal`: entries near
+    ``2^-600`` had given a zero product, silently). The tiles' largest entries say whether to look (the
+    output is read where a resumed run skipped tiles); then one read of ``S``'s values and a pass over ``B``
+    whose peaks are not recorded, on that path only."""
+    from blocklin.linalg.blocks.scaling import max_abs
+    from blocklin.linalg.products.below_normal import refusal, shortfall, split_power
+
+    if min(plan.out_shape) == 0:
+        return
+    tops = [r.get("top") if isinstance(r, dict) else None for r in results]
+    if len(tops) == plan.n_tasks and None not in tops:
+        top = max(tops)
+    else:
+        from blocklin.storage.zarr_store import row_bands
+
+        # the tiles refused NaN and Inf where check_finite is on (this check's only case): no NaN reaches max()
+        top = max((float(np.max(np.abs(block))) for _, block in row_bands(out) if block.size), default=0.0)
+    if not top < float(np.finfo(dt).tiny):
+        return
+    k = plan.n if plan.op == "SB" else plan.m
+    found = shortfall([(lambda: float(k), lambda: _sparse_max_abs(s), lambda: max_abs(B))], dt)
+    if found is None:
+        return
+    e, p = found
+    pa, pb = split_power(p)
+    raise refusal("a", dt, e, p, f"k max |s| max |b| below 2^{e}, k = {k}",
+                  f"scale the sparse matrix by 2^{pa} (x.data = numpy.ldexp(x.data, {pa}), then "
+                  f"blocklin.from_sparse(x, ...)) and the dense operand by 2^{pb} (numpy.ldexp: exact): the product "
+                  f"is then 2^{p} times this one, within range")
+
+
+def _sparse_max_abs(s: SparseOperand) -> float:
+    """``max |s_ij|`` of a stored sparse matrix: its values read in pieces of a million."""
+    data = SparseStore(s.path).data
+    step, top = 1 << 20, 0.0
+    for a in range(0, int(data.shape[0]), step):
+        v = np.asarray(data[a:a + step])
+        if v.size:
+            top = max(top, float(np.max(np.abs(v))))
+    return top
 
 
 def _product_name(trans_a: bool, dense_left: bool, trans_dense: bool) -> str:

@@ -21,7 +21,7 @@ from blocklin.linalg.labels import check_rows, is_dataarray
 from blocklin.linalg.lowrank.svd import svd
 from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
 from blocklin.linalg.solve.rcond import check_rcond, rank_cut
-from blocklin.linalg.products.gemm import matmul
+from blocklin.linalg.products.gemm import product
 from blocklin.matrix import Matrix
 from blocklin.runtime.powers import ldexp, max_exponent
 from blocklin.validate import in_memory_array
@@ -226,7 +226,8 @@ def _check_range(x: np.ndarray, dtype: Any) -> None:
 def _product(a: Any, x: np.ndarray, dtype: np.dtype, *, trans_a: bool, settings: dict) -> np.ndarray:
     """``op(A) x`` in the SVD's dtype (integers of ``A`` cast as the SVD cast them) for a small in-memory
     ``x``, returned in memory in float64 (its temporary store removed)."""
-    p = matmul(a, x.astype(dtype), trans_a=trans_a, dtype=dtype, **settings)
+    # data near 2^-1030 give a product below the normal numbers, which matmul refuses: the solve states its accuracy
+    p = product(a, x.astype(dtype), trans_a=trans_a, dtype=dtype, below_normal_ok=True, **settings)
     try:
         return _dense(p).astype(np.float64)
     finally:
