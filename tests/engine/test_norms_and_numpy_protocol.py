@@ -208,6 +208,21 @@ def test_numpy_linalg_runs_out_of_core(stored):
     assert rank == 7 and x.shape == (7,)
 
 
+@pytest.mark.parametrize("kind", ["real", "complex", "empty"])
+def test_numpy_lstsq_rank_has_numpys_type(tmp_path, kind):
+    """``np.linalg.lstsq(M, b)`` of a stored ``Matrix`` (and ``blocklin.lstsq``) returned ``rank`` as a Python
+    ``int`` where NumPy's is its own integer type (``numpy.int32`` here): the same type as NumPy's now, for real,
+    complex and empty ``A`` (each route builds the result)."""
+    rng = np.random.default_rng(3)
+    a = {"real": lambda: rng.standard_normal((9, 4)), "complex": lambda: rng.standard_normal((9, 4)) + 1j,
+         "empty": lambda: np.zeros((9, 0))}[kind]()
+    b = rng.standard_normal(9)
+    want = np.linalg.lstsq(a, b, rcond=None)[2]
+    got = np.linalg.lstsq(bl.from_array(a, tmp_path / "a.zarr"), b, rcond=None)[2]
+    assert type(got) is type(want) and got == want
+    assert type(bl.lstsq(a, b)[2]) is type(want)
+
+
 def test_full_matrices_of_a_rectangle_is_refused_with_the_fix(stored):
     _, _, _, B = stored
     with pytest.raises(ParameterError, match="full_matrices: must be False.*Fix: pass full_matrices=False"):

@@ -30,10 +30,11 @@ from blocklin.storage import remove
 
 class LstsqResult(tuple):
     """``(x, residuals, rank, s)`` as ``numpy.linalg.lstsq`` returns them, with a ``report`` attribute:
-    the SVD's report (passes, bytes read, peak memory) and ``passes_total`` over all steps."""
+    the SVD's report (passes, bytes read, peak memory) and ``passes_total`` over all steps. ``rank`` is a
+    ``numpy.intc`` as NumPy's (its gufunc's ``int`` output; it had been a Python ``int``)."""
 
     def __new__(cls, x: np.ndarray, residuals: np.ndarray, rank: int, s: np.ndarray, report: dict) -> LstsqResult:
-        obj = super().__new__(cls, (x, residuals, rank, s))
+        obj = super().__new__(cls, (x, residuals, np.intc(rank), s))
         obj.report = report
         return obj
 
