@@ -99,7 +99,7 @@ class BlockOps:
              c: str | None = None, c_off: tuple[int, int] = (0, 0), alpha: float = 1.0, beta: float = 0.0,
              epilogue: Epilogue | None = None, memory: int | None = None, chunks: dict | None = None,
              description: str = "gemm", check_finite: bool = False,
-             names: tuple[str, str, str] = ("a", "b", "c")) -> list[dict]:
+             names: tuple[str, str, str] = ("a", "b", "c"), peaks: bool | None = None) -> list[dict]:
         """``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc]`` over regions; returns the tile results.
 
         ``check_finite``: refuse NaN/Inf in the operands read (each part checked once, named by ``names``
@@ -109,7 +109,9 @@ class BlockOps:
         finished strip; what it returns is in the tile results. ``memory``: the budget of this
         GEMM's plan (default: the job's). ``chunks``: the stores' chunks by operand (``"a"``, ``"b"``,
         ``"c"``, ``"out"``), each default the ops' square tile; see :func:`gemm_chunks`. Planned for
-        the reads the tiles will make (:func:`~blocklin.storage.zarr_store.read_kind`).
+        the reads the tiles will make (:func:`~blocklin.storage.zarr_store.read_kind`). ``peaks``: each
+        tile's result holds the peaks of the strips it wrote (:attr:`~blocklin.runtime.tiles.GemmSpec.peaks`,
+        NaN kept): a finite check of the product on the strips in memory, not another pass.
         """
         job = self.job
         dt = np.dtype(dtype)
@@ -123,7 +125,7 @@ class BlockOps:
                         done_dir=None, blas_threads=job.task_blas_threads(plan.blas_threads), names=tuple(names),
                         a_off=tuple(a_off),
                         b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), epilogue=epilogue,
-                        precision=self.math if dt == np.float32 else None)
+                        precision=self.math if dt == np.float32 else None, peaks=peaks)
         graph = self.graph("gemm", spec)
         graph.expect(plan.n_tasks, gemm_tiles)  # before the tiles are listed
         for run in gemm_runs(list(plan.tiles()), plan.workers, job.scheduler.kind):

@@ -261,3 +261,24 @@ def test_square_solve_without_the_finite_check_names_a_nonfinite_b_not_as_range(
     with pytest.raises(bl.errors.NonFiniteError, match=rf"b: must be finite for a square solve.*got largest "
                        rf"magnitude {bad}"):
         bl.solve(a, b, assume_a=assume_a, check_finite=False)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_wide_qr_without_the_finite_check_refuses_a_nonfinite_a2(bad):
+    """``check_finite=False``, a wide ``A`` (40 x 300) with a NaN or Inf right of its leading 40 x 40 block
+    (``a[1, 200]``): ``R_2 = Q^H A_2`` had been returned holding it, where docs/engine.md says qr refuses;
+    refused from the peaks the GEMM's tiles take of ``R_2``'s strips, naming ``a``."""
+    a = np.random.default_rng(14).standard_normal((40, 300))
+    a[1, 200] = bad
+    with pytest.raises(bl.errors.NonFiniteError, match=rf"a: must be finite for qr.*got largest magnitude {bad}"):
+        bl.qr(a, check_finite=False)
+
+
+def test_qr_whose_r_overflows_names_the_range_not_a_nonfinite_a():
+    """Finite data, checked (``check_finite`` on), whose ``R`` leaves float64's range (300 x 40 entries up to
+    about 7e307: a column norm beyond 1.8e308): it had been refused as a NaN in the data that
+    ``check_finite=False`` let through; named as ``R``'s overflow with the power of two that brings ``a`` in."""
+    a = np.random.default_rng(15).standard_normal((300, 40)) * 1.5e307
+    with pytest.raises(bl.errors.ParameterError, match=r"a: must have R within float64's range for qr.*"
+                       r"\(finite\): R overflowed.*scale a by 2.0\*\*-1023"):
+        bl.qr(a)

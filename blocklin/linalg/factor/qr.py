@@ -13,6 +13,7 @@ Two routes, one result convention (``R`` with a non-negative diagonal):
 
 from __future__ import annotations
 
+import math
 from typing import Any, Unpack
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from blocklin.config import Settings, format_size
 from blocklin.errors import BudgetError, ParameterError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.scaling import refuse_nonfinite
+from blocklin.linalg.blocks.scaling import max_abs, refuse_nonfinite
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, diagonal_signs, positive_diagonal, signed_columns
 from blocklin.matrix import Matrix
@@ -222,12 +223,12 @@ def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix
     # complex strips are factored on the CPU (the device's streaming QR keeps real sums)
     result = tsqr_pass(job, A, None, A.dtype, device="cpu" if np.dtype(A.dtype).kind == "c" else None)
     r = positive_diagonal(result.r).astype(A.dtype, copy=False)
-    _refuse_nonfinite_r(r)
+    _refuse_nonfinite_r(job, A, r)
     ao = job.claim(out, [A], overwrite=overwrite)
     chunk = min(max(n, 1), 1024)
     create_array(ao.array_path(), shape=(n, n), dtype=A.dtype, chunks=(chunk, chunk), codec=job.cfg.codec)
     write_block(open_zarr(ao.array_path(), mode="r+"), slice(0, n), slice(0, n), r)
-    report = _report(job, np.abs(np.diag(r)), method="tsqr", reason=reason, flops=2 * m * n * n,
+    report = _report(job, A, np.abs(np.diag(r)), method="tsqr", reason=reason, flops=2 * m * n * n,
                      plan=result.report["plan"], norm_a=result.norm_a)
     return job.finish(ao, out, report, operation="qr", plan=result.report["plan"],
                       params={"mode": "r", "method": "tsqr"}, keys=REPORT_KEYS)
@@ -259,7 +260,7 @@ def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
         check_finite(a1, "a", slice(0, m), slice(0, m))
     q1, r1 = np.linalg.qr(a1)
     del a1
-    _refuse_nonfinite_r(r1)
+    _refuse_nonfinite_r(job, A, r1)
     d = diagonal_signs(r1)  # the R with a non-negative (real) diagonal, as every blocklin QR
     r1, q1 = positive_diagonal(r1), signed_columns(q1, d)
     ao, qo = _outputs(job, A, "qr", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=False,
@@ -269,13 +270,14 @@ def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
     if n > m:
         qt = job.scratch("qt", (m, m), dt, (t, t))
         write_block(open_zarr(qt, mode="r+"), slice(0, m), slice(0, m), np.ascontiguousarray(q1.conj().T).astype(dt))
-        BlockOps(job, t).gemm(ao.array_path(), (0, m), m, n - m, m, qt, (0, 0), A.path, (0, m), dtype=dt,
-                              description="qr (wide): R_2 = Q^H A_2", check_finite=job.check_finite,
-                              names=("q", "a", "c"))
+        tiles = BlockOps(job, t).gemm(ao.array_path(), (0, m), m, n - m, m, qt, (0, 0), A.path, (0, m), dtype=dt,
+                                      description="qr (wide): R_2 = Q^H A_2", check_finite=job.check_finite,
+                                      names=("q", "a", "c"), peaks=False)
+        _refuse_nonfinite_r2(job, A, tiles)
     if qo is not None:
         create_array(qo.array_path(), shape=(m, m), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
         write_block(open_zarr(qo.array_path(), mode="r+"), slice(0, m), slice(0, m), q1.astype(dt))
-    report = _report(job, np.abs(np.diag(r1)), method="wide",
+    report = _report(job, A, np.abs(np.diag(r1)), method="wide",
                      reason="wide A: Householder QR of its leading m x m block in memory, R_2 = Q^T A_2 by one GEMM "
                             "pass", flops=plan.flops, plan=plan.to_dict(), norm_a=None)
     return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "wide"}, report, out=out, q=q)
@@ -307,7 +309,7 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
     if qo is not None:
         qr_form_q(ops, work, qo.array_path(), m, n, dtype=dt, done_dir=ao.done, signs=signs)
     diag = [(r["min_r"], r["max_r"]) for r in results]
-    report = _report(job, np.array([d for pair in diag for d in pair]), method="tiled", reason=reason,
+    report = _report(job, A, np.array([d for pair in diag for d in pair]), method="tiled", reason=reason,
                      flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
     return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "tiled"}, report, out=out, q=q)
 
@@ -337,7 +339,7 @@ def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, o
     if qo is not None:
         tile_qr_form_q(ops, stores, qo.array_path(), m, n, dtype=dt, inner=plan.inner_block, width=plan.q_width,
                        done_dir=ao.done, signs=signs)
-    report = _report(job, np.array([d for r in diag for d in (r["min_r"], r["max_r"])]), method="tiles",
+    report = _report(job, A, np.array([d for r in diag for d in (r["min_r"], r["max_r"])]), method="tiles",
                      reason=reason, flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
     return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "tiles"}, report, out=out, q=q)
 
@@ -364,20 +366,50 @@ def _commit(job: Job, ao: Any, qo: Any, plan: dict, params: dict, report: dict, 
     return job.finish(qo, q, report, operation="qr", plan=plan, params={**params, "factor": "Q"}, keys=REPORT_KEYS), R
 
 
-def _refuse_nonfinite_r(r: np.ndarray) -> None:
-    """check_finite=False: an ``R`` held in core with a NaN or Inf anywhere is refused, as one on its
-    diagonal is (:func:`_report`): a NaN of ``A`` can stay above the diagonal alone (``a_12`` of
-    ``2 I``: LAPACK's ``R`` is ``2 I`` with ``r_12 = NaN``), and that ``R`` had been returned."""
+def _refuse_nonfinite_r(job: Job, A: Any, r: np.ndarray) -> None:
+    """An ``R`` held in core with a NaN or Inf anywhere is refused, as one on its diagonal is
+    (:func:`_report`): a NaN of ``A`` can stay above the diagonal alone (``a_12`` of ``2 I``: LAPACK's ``R``
+    is ``2 I`` with ``r_12 = NaN``), and that ``R`` had been returned."""
     finite = np.isfinite(r)
     if not finite.all():
-        refuse_nonfinite(float(np.abs(r[~finite].ravel()[0])), "qr")
+        _refuse_nonfinite(job, A, float(np.abs(r[~finite].ravel()[0])))
 
 
-def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int, plan: dict,
+def _refuse_nonfinite_r2(job: Job, A: Any, tiles: list) -> None:
+    """``R_2 = Q^H A_2`` of the wide route with a NaN or Inf is refused, as ``R_1`` is
+    (:func:`_refuse_nonfinite_r`), from the peaks each GEMM tile took of the strips it wrote (NaN kept), not
+    another pass: with check_finite=False a NaN of ``A_2`` (right of the leading block) had been returned
+    inside ``R_2``."""
+    top = 0.0
+    for r in tiles:
+        got = r.get("peaks") if isinstance(r, dict) else None
+        if got is not None and got[2].size:
+            top = float(np.maximum(top, np.max(got[2])))  # NaN kept (Python's max drops it)
+    _refuse_nonfinite(job, A, top)
+
+
+def _refuse_nonfinite(job: Job, A: Any, peak: float) -> None:
+    """A NaN or Inf in ``R`` (``peak``, its largest magnitude) is refused by its cause: a NaN or Inf of
+    ``A`` (check_finite=False: one pass for ``max |A|``, on this failure only) as ``NonFiniteError``; else
+    ``R`` overflowed (its entries reach the norms of ``A``'s columns, ``sqrt(m)`` times ``max |a|``), named
+    with the power of two that brings ``A`` into range. Finite data near the overflow threshold had been
+    refused as NaN or Inf in the data that check_finite=False let through, with check_finite on."""
+    if math.isfinite(peak):
+        return
+    amax = max_abs(A, keep_nan=True)
+    refuse_nonfinite(amax, "qr")
+    e = int(np.frexp(amax)[1]) if amax > 0 else 0
+    raise ParameterError(_msg(
+        "a", f"must have R within {np.dtype(A.dtype).name}'s range for qr (R's entries reach the norms of a's "
+        "columns, up to sqrt(m) max |a_ij|)", f"max |a_ij| = {amax:.3g} (finite): R overflowed to {peak}",
+        f"scale a by 2.0**-{e} (exact: R is then scaled by the same power, Q unchanged)"))
+
+
+def _report(job: Job, A: Any, diag: np.ndarray, *, method: str, reason: str, flops: int, plan: dict,
             norm_a: float | None) -> dict:
     bad = diag[~np.isfinite(diag)]
-    if bad.size:  # check_finite=False: R of NaN or Inf data, not a rank deficiency
-        refuse_nonfinite(float(bad[0]), "qr")
+    if bad.size:  # R of NaN or Inf data (check_finite=False), or R overflowed: not a rank deficiency
+        _refuse_nonfinite(job, A, float(bad[0]))
     top = float(diag.max()) if diag.size else 0.0
     ratio = float(diag.min()) / top if top > 0 else 0.0
     if diag.size and float(diag.min()) == 0.0:  # not ratio == 0: a ratio below 1e-308 underflows with no zero
