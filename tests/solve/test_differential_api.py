@@ -282,3 +282,36 @@ def test_qr_whose_r_overflows_names_the_range_not_a_nonfinite_a():
     with pytest.raises(bl.errors.ParameterError, match=r"a: must have R within float64's range for qr.*"
                        r"\(finite\): R overflowed.*scale a by 2.0\*\*-1023"):
         bl.qr(a)
+
+
+@pytest.mark.parametrize("bad,pos,route", [
+    (np.nan, (0, 0), "cholesky"), (np.inf, (29, 3), "cholesky"), (np.nan, (20, 13), "pos"),
+    pytest.param(np.inf, (17, 17), "pos", marks=SLOW), pytest.param(np.nan, (29, 29), "cholesky", marks=SLOW),
+])
+def test_cholesky_without_the_finite_check_names_a_nonfinite_a_not_an_indefinite_one(bad, pos, route):
+    """``check_finite=False``, a NaN or Inf (and its mirror) in a positive definite ``A``, in the first, a
+    middle or the last tile: the pivot it reached had been refused as ``NotPositiveDefiniteError`` ("pivot
+    <= 0 (or NaN)", a ridge as the fix); the failed pivot looks at the tiles that reach it and names ``a``
+    non-finite, as the square solves do (docs/engine.md)."""
+    g = np.random.default_rng(16).standard_normal((30, 30))
+    a = g @ g.T + 30 * np.eye(30)
+    a[pos] = a[pos[::-1]] = bad
+    with pytest.raises(bl.errors.NonFiniteError, match=rf"a: must be finite for a Cholesky factorization.*got "
+                       rf"largest magnitude {bad}"):
+        if route == "cholesky":
+            bl.cholesky(a, check_finite=False, tile=8)
+        else:
+            bl.solve(a, np.ones(30), assume_a="pos", check_finite=False)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_cholesky_whose_updates_overflow_names_the_pivot_of_finite_data(check):
+    """Finite data whose Cholesky updates overflow (``a_jj = 1e-300`` beside ``a_ij = 1e300``: ``L_ij = Inf``,
+    the next diagonal tile's pivot ``-Inf``): not positive definite, named as a pivot that overflowed, with
+    the finite check and without it (where the data is looked at and found finite)."""
+    a = np.eye(16)
+    a[:8, :8] *= 1e-300
+    a[8:, :8] = a[:8, 8:] = 1e300
+    with pytest.raises(bl.errors.NotPositiveDefiniteError, match=r"a pivot that overflowed to NaN or Inf at "
+                       r"row/column 8 .*A's entries being finite"):
+        bl.cholesky(a, check_finite=check, tile=8)

@@ -18,6 +18,7 @@ import numpy as np
 from blocklin.device import get_device
 from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.errors import NotPositiveDefiniteError, SingularMatrixError, explain
+from blocklin.linalg.blocks.scaling import nonfinite_refusal
 from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, done_marker, holds_device, mark_finished,
                                        skip_done, sum_squares, tile_count)
 from blocklin.runtime.tiles import with_task_settings
@@ -165,16 +166,44 @@ def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.nd
         pass
     from scipy.linalg import lapack
 
-    host = np.array(dev.to_host(acc), dtype=np.complex128 if acc.dtype.kind == "c" else np.float64)
+    host = np.array(dev.to_host(acc))
     potrf = lapack.get_lapack_funcs("potrf", (host,))
-    info = potrf(host, lower=1, clean=1)[1] if np.isfinite(host).all() else 1
-    local = max(int(info), 1) - 1
     size = host.shape[0]
-    pivot = offset + local
+    bad = np.flatnonzero(~np.isfinite(np.tril(host)).all(axis=1))  # rows a NaN or Inf reached
+    if not bad.size:  # where the tile's own factorization fails: LAPACK's info, or the rows it overflowed in
+        low, info = potrf(host, lower=1, clean=1)
+        bad = np.flatnonzero(~np.isfinite(low).all(axis=1)) if info == 0 else np.zeros(0, dtype=int)
+    info = int(bad[0]) + 1 if bad.size else max(int(info), 1)
+    if bad.size:  # NaN or Inf: of the data, or an overflow of finite data
+        if not spec.check:  # one look at the data, on this failure only
+            refusal = nonfinite_refusal(_leading_max_abs(spec, (offset + size - 1) // spec.tile),
+                                        "a Cholesky factorization")
+            if refusal is not None:
+                raise refusal
+        got = (f"a pivot that overflowed to NaN or Inf at row/column {offset + info - 1} (diagonal tile rows "
+               f"{offset}:{offset + size}, in the updates from the columns before it or its own), A's entries "
+               "being finite: those of a positive definite A stay within max a_jj")
+    else:
+        got = (f"a pivot <= 0 at row/column {offset + info - 1} (diagonal tile rows {offset}:{offset + size}, after "
+               "the updates from the columns before it)")
+    pivot = offset + info - 1
     raise NotPositiveDefiniteError(explain(
         "a", f"must be {'Hermitian' if acc.dtype.kind == 'c' else 'symmetric'} positive definite for a Cholesky "
-        "factorization",
-        f"a pivot <= 0 (or NaN) at row/column {pivot} (diagonal tile rows {offset}:{offset + size}, after the "
-        f"updates from the columns before it)",
+        "factorization", got,
         "regularize with a ridge (blocklin.solve(a, b, lam=...) or add lam to the diagonal), or, for a "
         "symmetric indefinite or general matrix, solve with assume_a='gen'"), pivot=pivot)
+
+
+def _leading_max_abs(spec: TileOpSpec, last: int) -> float:
+    """``max |a_ij|`` of the lower tiles ``(r, c)``, ``c <= r <= last``, of the data as stored (not cast to the
+    factorization's dtype, whose overflow is not the data's), NaN where one holds a NaN: every tile whose
+    values reach the diagonal tile ``last``. For a failed pivot of a factorization that ran without the
+    finite check: its NaN comes from the data, or from an overflow of finite data."""
+    top = 0.0
+    for r in range(last + 1):
+        for c in range(r + 1):
+            block = spec.a.read(r, c, spec.tile, None)
+            block = np.tril(block) if r == c else block
+            if block.size:
+                top = float(np.maximum(top, np.abs(block).max()))  # NaN kept (Python's max drops it)
+    return top
