@@ -708,7 +708,8 @@ def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
         x = np.asarray(dev.to_host(dev.solve_triangular(tii, acc, lower=spec.lower)))
     except np.linalg.LinAlgError:  # SciPy's TRSV refuses an exact zero on the diagonal; cuBLAS returns inf
         x = None
-    if x is None or not np.isfinite(x).all():
+    # unchecked, an Inf on T's diagonal gives a finite x (x_i = (b_i - ...) / Inf = 0): refused as a NaN is
+    if x is None or not np.isfinite(x).all() or not (spec.check or np.isfinite(np.diagonal(tri)).all()):
         zero = np.flatnonzero(np.diagonal(tri) == 0)
         where = f"{ZERO_DIAGONAL} {i * t + int(zero[0])}" if zero.size else \
             f"a singular or overflowing diagonal tile at rows {i * t}:{i * t + tii.shape[0]}" + (

@@ -315,3 +315,28 @@ def test_cholesky_whose_updates_overflow_names_the_pivot_of_finite_data(check):
     with pytest.raises(bl.errors.NotPositiveDefiniteError, match=r"a pivot that overflowed to NaN or Inf at "
                        r"row/column 8 .*A's entries being finite"):
         bl.cholesky(a, check_finite=check, tile=8)
+
+
+@pytest.mark.parametrize("operation,bad,pos", [
+    ("lu_solve", np.inf, (20, 20)), ("cho_solve", np.inf, (39, 39)), ("lu_solve", np.nan, (30, 12)),
+    pytest.param("lu_solve", np.inf, (5, 2), marks=SLOW), pytest.param("cho_solve", np.inf, (1, 1), marks=SLOW),
+    pytest.param("lu_solve", np.nan, (39, 0), marks=SLOW),
+])
+def test_factored_solves_without_the_finite_check_refuse_a_nonfinite_factor(operation, bad, pos):
+    """``check_finite=False`` with a factor holding an Inf on its diagonal (``x_i = (b_i - ...) / Inf = 0``:
+    a finite, wrong ``x`` had been returned, as SciPy's is) or a NaN or Inf in ``L`` below the diagonal of
+    packed LU factors (solved unscaled: refused as "a singular or overflowing diagonal block" of ``U``):
+    refused as ``NonFiniteError`` naming the factor (docs/engine.md), in the first, a middle and the last tile."""
+    n = 40
+    a = np.random.default_rng(17).standard_normal((n, n)) + 8 * np.eye(n)
+    if operation == "lu_solve":
+        f, piv = sl.lu_factor(a)
+        f[pos] = bad
+        arg, name = (f, piv), "lu"
+    else:
+        f = np.linalg.cholesky(a @ a.T)
+        f[pos] = bad
+        arg, name = (f, True), "c"
+    with pytest.raises(bl.errors.NonFiniteError, match=rf"{name}: must be finite for a triangular solve.*largest "
+                       rf"magnitude {bad}"):
+        getattr(bl, operation)(arg, np.ones(n), check_finite=False, tile=8)

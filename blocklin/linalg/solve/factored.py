@@ -22,7 +22,8 @@ from blocklin.linalg.factor.lu_panels import swaps_to_permutation
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.triangular import TriangularSetup, scaled_substitution, substitute_in_range
 from blocklin.matrix import Matrix
-from blocklin.runtime.blockops import Region
+from blocklin.linalg.blocks.scaling import refuse_nonfinite, triangle_max_abs
+from blocklin.runtime.blockops import ZERO_DIAGONAL, Region
 from blocklin.runtime.job import Job
 
 
@@ -217,6 +218,9 @@ def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overw
             q2 = substitute_in_range(ops, st.T, freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2,
                                      trans=trans2, dtype=dt, check=False, description=d2, name=name)
         except SingularMatrixError as err:
+            if pivots is not None and ZERO_DIAGONAL not in str(err):
+                # check_finite=False: a NaN or Inf below U (in L, solved unscaled) had been named a singular U
+                refuse_nonfinite(triangle_max_abs(st.T, lower=True), "a triangular solve", name)
             raise _singular_factor(err, name, operation) from err
         report, recorded = solve_report(job, route="factored", plan=plan.to_dict(), flops=2 * n * n * k,
                                         method="two tiled triangular solves" + (" after the row swaps" if pivots
