@@ -285,14 +285,15 @@ def test_qr_whose_r_overflows_names_the_range_not_a_nonfinite_a():
 
 
 @pytest.mark.parametrize("bad,pos,route", [
-    (np.nan, (0, 0), "cholesky"), (np.inf, (29, 3), "cholesky"), (np.nan, (20, 13), "pos"),
+    (np.nan, (0, 0), "cholesky"), (np.inf, (29, 3), "cholesky"), (np.nan, (20, 13), "pos"), (np.nan, (3, 3), "mixed"),
     pytest.param(np.inf, (17, 17), "pos", marks=SLOW), pytest.param(np.nan, (29, 29), "cholesky", marks=SLOW),
 ])
 def test_cholesky_without_the_finite_check_names_a_nonfinite_a_not_an_indefinite_one(bad, pos, route):
     """``check_finite=False``, a NaN or Inf (and its mirror) in a positive definite ``A``, in the first, a
     middle or the last tile: the pivot it reached had been refused as ``NotPositiveDefiniteError`` ("pivot
     <= 0 (or NaN)", a ridge as the fix); the failed pivot looks at the tiles that reach it and names ``a``
-    non-finite, as the square solves do (docs/engine.md)."""
+    non-finite, as the square solves do (docs/engine.md). ``precision='mixed'``: the float32 pivot had been
+    named float32's, ``precision='double'`` the fix (``max |a|`` had passed the NaN over)."""
     g = np.random.default_rng(16).standard_normal((30, 30))
     a = g @ g.T + 30 * np.eye(30)
     a[pos] = a[pos[::-1]] = bad
@@ -301,7 +302,8 @@ def test_cholesky_without_the_finite_check_names_a_nonfinite_a_not_an_indefinite
         if route == "cholesky":
             bl.cholesky(a, check_finite=False, tile=8)
         else:
-            bl.solve(a, np.ones(30), assume_a="pos", check_finite=False)
+            bl.solve(a, np.ones(30), assume_a="pos", check_finite=False,
+                     precision="mixed" if route == "mixed" else "double")
 
 
 @pytest.mark.parametrize("check", [True, False])

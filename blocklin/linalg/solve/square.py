@@ -799,8 +799,10 @@ def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tup
         return _factor_as(job, A, fdt, assume_a, stores)
     except (SingularMatrixError, NotPositiveDefiniteError) as err:
         if np.dtype(fdt).itemsize < np.dtype(A.dtype).itemsize:
-            refusal = narrow_range_refusal(max_abs(A), A.dtype, fdt, "pass precision='double', or scale a by a "
-                                           "power of two into float32's range")
+            # a NaN kept: passed over, the pivot it made had been named float32's (precision='double' the fix)
+            amax = max_abs(A, keep_nan=True)
+            refusal = nonfinite_refusal(amax, "a square solve") or narrow_range_refusal(
+                amax, A.dtype, fdt, "pass precision='double', or scale a by a power of two into float32's range")
             if refusal is None and isinstance(err, NotPositiveDefiniteError) and \
                     getattr(job, "math", None) not in HALF:
                 refusal = _flushed_line_refusal(A, fdt, symmetric=True)
