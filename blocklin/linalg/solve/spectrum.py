@@ -126,18 +126,32 @@ class Spectrum:
         return 0 if self.dual else self.xe
 
     def coefficients(self, lam: float) -> np.ndarray:
-        """``2^-xe x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide). The dual ``y`` leaves out the
-        directions with ``s = 0`` (exact or unresolved zeros: ``A^H u = s v`` takes nothing from them), whose
-        ``beta / lam^2`` had only multiplied ``A^H``'s rounding and the intercept's: rows ``2^600`` apart with
-        ``lam`` 1e-82 of ``||A||`` gave an intercept of ``-1.5e147`` for ``0.448``. ``x`` is then the exact
-        solution of ``A`` less its unresolved directions (backward stable, as the tall form, whose filter
-        ``s / (s^2 + lam^2)`` is 0 there)."""
+        """``2^-xe x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide). At ``lam^2`` up to the eigenvalues'
+        rounding (:meth:`dual_every_direction`) the dual ``y`` leaves out the directions with ``s = 0`` (exact or
+        unresolved zeros: ``A^H u = s v`` takes nothing from them), whose ``beta / lam^2`` had only multiplied
+        ``A^H``'s rounding and the intercept's: rows ``2^600`` apart with ``lam`` 1e-82 of ``||A||`` gave an
+        intercept of ``-1.5e147`` for ``0.448``. ``x`` is then the exact solution of ``A`` less its unresolved
+        directions (as the tall form, whose filter ``s / (s^2 + lam^2)`` is 0 there). Above it ``y`` takes every
+        direction: it is then ``(G + dG + lam^2 I)^-1 b`` of the computed ``G = A A^T`` (:func:`accuracy`). Left
+        out there, the unresolved directions (rounding-level mixtures of ``A``'s small singular directions and,
+        at ``sqrt(eps) ||A|| / s``, of the resolved ones above them) took up to ``sqrt(eps) ||A|| |beta| / lam^2``
+        from ``x``: 1e-9 relative at ``lam = 8.73`` where ``cond([A; lam I]) = 1.0``, without a word."""
         if self._every_direction(lam):  # every direction (see the class docstring)
             f = filters(self.s, lam, self.xe)[3]
             return self.basis @ (np.where(self.s == 0, 0.0, f)[:, None] * self.vc if self.dual else f[:, None] * self.vc)
         if self.dual:
-            return self.basis @ (np.where(self.s == 0, 0.0, self.filt(lam))[:, None] * self.beta)
+            f = self.filt(lam)
+            return self.basis @ ((f if self.dual_every_direction(lam) else np.where(self.s == 0, 0.0, f))[:, None]
+                                 * self.beta)
         return self.basis @ (filters(self.s, lam, self.xe)[0][:, None] * self.beta)
+
+    def dual_every_direction(self, lam: float) -> bool:
+        """Whether the dual ``y`` of a Gram spectrum takes every direction at ``lam``: ``lam^2`` above the
+        eigenvalues' rounding (``ev_noise``, or the centering's ``ev_bound``), where a left-out direction's error,
+        up to ``sqrt(ev_noise) |beta| / lam^2``, exceeds what keeping it costs, ``ev_noise |beta| / (2 lam^3)``
+        (the tall form's :meth:`every_direction` test; a spectrum from an R factor, resolved to ``eps ||A||``,
+        keeps its rule)."""
+        return self.dual and self.ev_noise > 0 and float(lam) ** 2 > max(self.ev_noise, self.ev_bound)
 
     def _fitted(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
         """``(rho0^2, |beta|^2)`` of the residual at ``lam``: where the solution takes ``vc``, the
@@ -272,6 +286,8 @@ def accuracy(spec: Spectrum, lam: float) -> np.ndarray:
     if not s.size:
         return np.zeros(k)
     lo, hi = s_interval(spec)
+    if spec.dual_every_direction(lam):
+        return _dual_accuracy(spec, lam, lo, hi)
     if spec.vc is not None and spec._every_direction(lam):  # x = V diag(1 / (s^2 + lam^2)) vc: beta = vc / s
         b = np.abs(spec.vc) / np.maximum(s, np.maximum(hi - s, np.finfo(np.float64).tiny))[:, None]
     else:
@@ -301,6 +317,28 @@ def accuracy(spec: Spectrum, lam: float) -> np.ndarray:
     err = np.concatenate(err_parts, axis=0)
     en, xn = column_norms(err, per_column=True), column_norms(fx[:, None] * b, per_column=True)
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        return np.where(xn > 0, en / np.where(xn > 0, xn, 1.0), np.where(en > 0, np.inf, 0.0))
+
+
+def _dual_accuracy(spec: Spectrum, lam: float, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """:func:`accuracy` of the dual ``x = A^T y``, ``y = (G + lam^2 I)^-1 b``, where ``y`` takes every direction
+    (:meth:`Spectrum.dual_every_direction`): the computed ``y`` is that of ``G + dG`` with ``||dG|| <= e`` (the
+    eigenvalues' rounding, ``max(ev_noise, ev_bound)``), so ``dx = -A^T (G + lam^2 I)^-1 dG y`` to first order and
+    ``||dx|| <= e ||y|| max_i f(s_i)`` (``f(s) = s / (s^2 + lam^2)``, its largest value over each true ``s_i``'s
+    interval, at most ``1 / (2 lam)``): the normal equations' ``eps ||A||^2 / lam^2`` (Golub and Van Loan, 2013,
+    6.1.4) in the dual form. ``A^T`` itself is exact here (a product with ``A``): a direction whose ``s`` is below
+    the resolution adds ``f(s) beta`` with its true ``s``, which ``dG`` covers, not up to ``f(sqrt(e)) beta`` as
+    an uncertain ``s`` of the tall filter would."""
+    e = max(float(spec.ev_noise), float(spec.ev_bound))
+    lam = abs(float(lam))
+    beta = np.abs(spec.beta).reshape(spec.s.size, -1)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        sf, _, _, fy = filters(spec.s, lam)
+        top = np.maximum(filters(lo, lam)[0], filters(hi, lam)[0])
+        top = np.where((lo <= lam) & (lam <= hi), filters(lam, lam)[0], top)
+        yn = column_norms(fy[:, None] * beta, per_column=True)
+        xn = column_norms(sf[:, None] * beta, per_column=True)
+        en = float(np.max(top, initial=0.0)) * e * yn
         return np.where(xn > 0, en / np.where(xn > 0, xn, 1.0), np.where(en > 0, np.inf, 0.0))
 
 
@@ -380,6 +418,38 @@ def spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, 
     noise = max(g.shape) * np.finfo(np.float64).eps * float(ev[0]) if ev.size else 0.0
     return Spectrum(s=s, basis=w, beta=beta, rho0sq=rho0sq, m=m, n=n, dual=dual, vc=None if dual else vc,
                     ev_noise=max(noise, 0.0), bb=None if dual else np.asarray(bb, dtype=np.float64).reshape(-1))
+
+
+def without_direction(spec: Spectrum, sw: np.ndarray) -> Spectrum:
+    """The dual spectrum of a centered problem without the intercept's direction ``e = sqrt(w) / ||sqrt(w)||``,
+    which the centered ``A A^T`` has in its null space; directions the result does not resolve have ``s = 0``.
+
+    A Gram spectrum is restricted to ``e``'s complement exactly: ``G' = Q^H G Q`` for an orthonormal basis ``Q``
+    of it, from the SVD of ``Q^H U diag(s)`` (``G = U diag(s^2) U^H``), ``beta' = (Q Z)^H U beta``. Taking ``e``
+    out of the unresolved directions alone (:func:`blocklin.linalg.solve.loo.without_intercept`) had left it in
+    the resolved ones: one whose ``s^2`` is a few times the eigenvalues' rounding ``e_n`` holds a part of ``e`` as
+    large as ``e_n / s^2`` (Golub and Van Loan, 2013, 8.1.12), which the centering of ``y`` then cut from it; an
+    ``A`` whose centered singular values reach ``6e-8`` gave ``x`` ``9e-11`` off at ``lam = 1`` (the problem's
+    condition 1.4), now about ``1e-15``. A spectrum from an R factor resolves ``s`` to ``eps ||A||``, its
+    resolved directions hold ``e`` only to rounding: the unresolved ones are replaced as before."""
+    import dataclasses
+
+    if not spec.ev_noise > 0:
+        from blocklin.linalg.solve import loo
+
+        u, beta, s2 = loo.without_intercept(spec, sw)
+        return dataclasses.replace(spec, s=np.sqrt(np.maximum(s2, 0.0)), basis=u, beta=beta)
+    u, beta = spec.basis, spec.beta
+    unit = np.asarray(sw, dtype=np.float64) / np.linalg.norm(sw)
+    q = np.linalg.qr(unit[:, None], mode="complete")[0][:, 1:]  # an orthonormal basis of unit's complement
+    if not q.shape[1]:  # one row: nothing is left beside the intercept
+        return dataclasses.replace(spec, s=np.zeros(0), basis=q.astype(u.dtype),
+                                   beta=np.zeros((0, beta.shape[1]), beta.dtype))
+    z, sv, _ = np.linalg.svd((q.T @ u) * np.abs(np.asarray(spec.s, dtype=np.float64))[None, :], full_matrices=False)
+    basis = q @ z
+    out = dataclasses.replace(spec, s=sv, basis=basis, beta=basis.conj().T @ (u @ beta))
+    out.s = np.where(out.resolved(), sv, 0.0)
+    return out
 
 
 def weigh_columns(ctx: TikhonovRun, spec: Spectrum) -> Spectrum:
@@ -504,4 +574,5 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
 
 
 __all__ = ["GRID", "Spectrum", "accuracy", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral",
-           "lambdas", "per_target", "s_interval", "spectrum_from_gram", "warn_inaccurate", "weigh_columns", "x_exponent"]
+           "lambdas", "per_target", "s_interval", "spectrum_from_gram", "warn_inaccurate", "weigh_columns",
+           "without_direction", "x_exponent"]

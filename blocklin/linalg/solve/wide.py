@@ -20,7 +20,7 @@ from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, refuse_flushed_rhs, scaled_columns
 from blocklin.linalg.blocks.scaling import column_exponents_for, incore_exponent
 from blocklin.linalg.products.gemm import Gemm
-from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram
+from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram, without_direction
 from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x, warn_intercept
 from blocklin.runtime.powers import ldexp
 from blocklin.matrix import Matrix
@@ -483,19 +483,16 @@ def _replay(held: list, *, superseded: bool) -> None:
 
 def _without_intercept_direction(ctx: TikhonovRun, spec: Any, sw: np.ndarray) -> Any:
     """The dual spectrum of the centered problem with the intercept's direction ``sqrt(w)`` taken out
-    (:func:`blocklin.linalg.solve.loo.without_intercept`): the centered ``A A^T`` has it in its null space, so
+    (:func:`blocklin.linalg.solve.spectrum.without_direction`): the centered ``A A^T`` has it in its null space, so
     its weight ``1 / (s^2 + lam^2)`` is about ``1 / lam^2`` times a rounding-level part of ``b``; at a small
     ``lam`` that part of ``y`` dwarfed the rest, and the centering ``P^T y`` cancelled it with the rest (rows
     ``2^600`` apart, ``lam`` 1e-82 of ``||A||``: ``x`` 100% off and the intercept that of ``x = 0``). The
     leave-one-out choice, which takes the direction out itself, is made on the spectrum as it was."""
-    import dataclasses
-
     from blocklin.linalg.solve import loo
 
     if ctx.kind == "loo" and ctx.folds is None:
         loo.choose(ctx, spec)
-    u, beta, s2 = loo.without_intercept(spec, sw)
-    out = dataclasses.replace(spec, s=np.sqrt(np.maximum(s2, 0.0)), basis=u, beta=beta)
+    out = without_direction(spec, sw)
     if ctx.loo_choice is not None and ctx.loo_choice[0] is spec:
         ctx.loo_choice = (out, *ctx.loo_choice[1:])
     return out
