@@ -286,8 +286,6 @@ def accuracy(spec: Spectrum, lam: float) -> np.ndarray:
     if not s.size:
         return np.zeros(k)
     lo, hi = s_interval(spec)
-    if spec.dual_every_direction(lam):
-        return _dual_accuracy(spec, lam, lo, hi)
     if spec.vc is not None and spec._every_direction(lam):  # x = V diag(1 / (s^2 + lam^2)) vc: beta = vc / s
         b = np.abs(spec.vc) / np.maximum(s, np.maximum(hi - s, np.finfo(np.float64).tiny))[:, None]
     else:
@@ -304,8 +302,14 @@ def accuracy(spec: Spectrum, lam: float) -> np.ndarray:
         dev = np.maximum(np.maximum(np.abs(flo - f), np.abs(fhi - f)), np.abs(peak - f))
     kept = s > 0  # the solution keeps these (the dual y and the tall filter take nothing where s = 0)
     fx = np.where(kept, f, 0.0)
+    unresolved = None
+    if spec.dual_every_direction(lam):  # the dual y's unresolved directions: through dG, not an uncertain s
+        unresolved = s**2 <= max(float(spec.ev_noise), float(spec.ev_bound))
+        dev = np.where(unresolved, 0.0, dev)
     with np.errstate(invalid="ignore"):
         err_parts = [np.where(b > 0, dev[:, None] * b, 0.0)]
+    if unresolved is not None and unresolved.any():
+        err_parts.append(_dual_unresolved(spec, lam, lo, hi, unresolved))
     if spec.cut_b2 is not None:  # directions cut to s = 0: their part may be up to max f over [0, tol]
         tol = float(np.max(hi[~kept], initial=float(spec.sv_noise)))
         fmax = filters(min(tol, lam), lam)[0] if lam > 0 else np.inf
@@ -320,26 +324,24 @@ def accuracy(spec: Spectrum, lam: float) -> np.ndarray:
         return np.where(xn > 0, en / np.where(xn > 0, xn, 1.0), np.where(en > 0, np.inf, 0.0))
 
 
-def _dual_accuracy(spec: Spectrum, lam: float, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """:func:`accuracy` of the dual ``x = A^T y``, ``y = (G + lam^2 I)^-1 b``, where ``y`` takes every direction
-    (:meth:`Spectrum.dual_every_direction`): the computed ``y`` is that of ``G + dG`` with ``||dG|| <= e`` (the
-    eigenvalues' rounding, ``max(ev_noise, ev_bound)``), so ``dx = -A^T (G + lam^2 I)^-1 dG y`` to first order and
-    ``||dx|| <= e ||y|| max_i f(s_i)`` (``f(s) = s / (s^2 + lam^2)``, its largest value over each true ``s_i``'s
+def _dual_unresolved(spec: Spectrum, lam: float, lo: np.ndarray, hi: np.ndarray, unresolved: np.ndarray) -> np.ndarray:
+    """:func:`accuracy`'s bound (``1 x k``) on what the dual ``y``'s unresolved directions add to the error of
+    ``x = A^T y`` where ``y`` takes every direction (:meth:`Spectrum.dual_every_direction`). ``y`` is that of the
+    computed ``G + dG``, ``||dG|| <= e`` (the eigenvalues' rounding, ``max(ev_noise, ev_bound)``), so their part
+    ``y_u`` (``|beta| / (s^2 + lam^2)``, near ``|beta| / lam^2``) enters ``dx = -A^T (G + lam^2 I)^-1 dG y`` as at
+    most ``e ||y_u|| max_i f(s_i)`` (``f(s) = s / (s^2 + lam^2)`` at its largest over each true ``s_i``'s
     interval, at most ``1 / (2 lam)``): the normal equations' ``eps ||A||^2 / lam^2`` (Golub and Van Loan, 2013,
-    6.1.4) in the dual form. ``A^T`` itself is exact here (a product with ``A``): a direction whose ``s`` is below
-    the resolution adds ``f(s) beta`` with its true ``s``, which ``dG`` covers, not up to ``f(sqrt(e)) beta`` as
-    an uncertain ``s`` of the tall filter would."""
+    6.1.4) in the dual form. ``A^T`` itself is exact (a product with ``A``): such a direction adds ``f(s) beta``
+    with its true ``s``, not up to ``f(sqrt(e)) beta`` as an uncertain ``s`` of the tall filter does (that had
+    put the estimate at ``1e9`` where ``x`` was right to a few ``eps``)."""
     e = max(float(spec.ev_noise), float(spec.ev_bound))
     lam = abs(float(lam))
-    beta = np.abs(spec.beta).reshape(spec.s.size, -1)
+    beta = np.abs(spec.beta).reshape(spec.s.size, -1)[unresolved]
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        sf, _, _, fy = filters(spec.s, lam)
         top = np.maximum(filters(lo, lam)[0], filters(hi, lam)[0])
         top = np.where((lo <= lam) & (lam <= hi), filters(lam, lam)[0], top)
-        yn = column_norms(fy[:, None] * beta, per_column=True)
-        xn = column_norms(sf[:, None] * beta, per_column=True)
-        en = float(np.max(top, initial=0.0)) * e * yn
-        return np.where(xn > 0, en / np.where(xn > 0, xn, 1.0), np.where(en > 0, np.inf, 0.0))
+        yn = column_norms(filters(spec.s[unresolved], lam)[3][:, None] * beta, per_column=True)
+        return (float(np.max(top, initial=0.0)) * e * yn).reshape(1, -1)
 
 
 def warn_inaccurate(info: dict, spec: Spectrum, lams: list[float], *, per_column: bool = False, centered: bool = False,
