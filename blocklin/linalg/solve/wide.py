@@ -527,7 +527,10 @@ def dual_exponents(y: np.ndarray, eb: Any, ea: int, dtype: Any) -> tuple[np.ndar
     ey = np.frexp(np.where((top > 0) & np.isfinite(top), top, 1.0))[1].astype(np.int64)  # 2^(ey-1) <= top < 2^ey
     hi = info.maxexp - 8 - int(math.ceil(math.log2(max(2, y.shape[0]))))  # room for the GEMM's sums
     lo = info.minexp + info.nmant + 8  # the small entries of y stay normal
-    t = np.where((top > 0) & np.isfinite(top), np.minimum(np.maximum(total, lo - ey), hi - ey), total)
+    with np.errstate(over="ignore"):  # y's smallest entry kept normal too (rows 2^600 apart: y spans 2^545)
+        low = np.where(y != 0, np.abs(y), np.inf).reshape(y.shape[0], k).min(axis=0) if y.size else np.full(k, np.inf)
+    floor = np.where(np.isfinite(low), info.minexp + 1 - np.frexp(np.where(np.isfinite(low), low, 1.0))[1], lo - ey)
+    t = np.where((top > 0) & np.isfinite(top), np.minimum(np.maximum(total, np.maximum(lo - ey, floor)), hi - ey), total)
     return t.astype(np.int64), (total - t).astype(np.int64)
 
 
