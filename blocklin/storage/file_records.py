@@ -30,8 +30,9 @@ from blocklin._version import __version__
 from blocklin.storage.records import FILE_RECORD_SUFFIX as SUFFIX
 _FIELDS = ("size", "mtime_ns", "ctime_ns", "dev", "ino")
 #: Beside a file export's partial ``.NAME.partial-TOKEN`` while a run writes it: that run's owner record
-#: (:func:`blocklin.storage.ownership.new_record`), so that ``blocklin clean`` removes the partial of a
-#: run that is gone, and never a live run's (:mod:`blocklin.storage.cleanup`).
+#: (:func:`blocklin.storage.ownership.new_record`, its heartbeat refreshed: :func:`keep_alive`), so that
+#: ``blocklin clean`` removes the partial of a run that is gone, and never a live run's
+#: (:mod:`blocklin.storage.cleanup`).
 OWNER_SUFFIX = ".owner"
 
 
@@ -43,6 +44,28 @@ def write_owner(partial: str | os.PathLike, **extra: Any) -> dict:
     rec = new_record(**extra)
     _write_whole(os.fspath(partial) + OWNER_SUFFIX, rec)
     return rec
+
+
+def keep_alive(partial: str | os.PathLike, rec: dict) -> None:
+    """Refresh the heartbeat of ``rec``, the owner record beside ``partial``, until :func:`let_go`
+    (:class:`blocklin.storage.ownership.Heartbeat`): on another host sharing the folder, an export
+    that runs past the lease had looked gone, to ``blocklin clean`` and to a second run, which removed
+    its partial."""
+    from blocklin.storage.location import Location
+    from blocklin.storage.ownership import Heartbeat
+
+    path = os.path.abspath(os.fspath(partial))
+    Heartbeat.hold(Location(path), rec, read=lambda: read_owner(path),
+                   write=lambda r: _write_whole(path + OWNER_SUFFIX, r))
+
+
+def let_go(partial: str | os.PathLike) -> None:
+    """Stop refreshing the owner record beside ``partial`` (before the commit's rename or the abort's
+    removal: no beat recreates the record afterwards)."""
+    from blocklin.storage.location import Location
+    from blocklin.storage.ownership import Heartbeat
+
+    Heartbeat.release(Location(os.path.abspath(os.fspath(partial))))
 
 
 def read_owner(partial: str | os.PathLike) -> dict | None:
@@ -162,5 +185,5 @@ def _write_whole(target: str, rec: dict) -> None:
         raise
 
 
-__all__ = ["OWNER_SUFFIX", "SUFFIX", "drop_owner", "exported_path", "matches", "read", "read_own", "read_owner",
-           "record_path", "write", "write_owner"]
+__all__ = ["OWNER_SUFFIX", "SUFFIX", "drop_owner", "exported_path", "keep_alive", "let_go", "matches", "read",
+           "read_own", "read_owner", "record_path", "write", "write_owner"]

@@ -3,8 +3,10 @@
 Every partial output (``.OUT.partial-TOKEN`` locally, the pending prefix on object stores) and
 every job work folder (``blocklin-OP-ID`` under the temp dir) holds an owner record,
 ``.blocklin-owner.json``: the writer's pid, host, boot id, process start time, a random run id, the
-start time and a heartbeat. It is written whole (a temporary name renamed into place locally, one
-object write on object stores), so a reader never sees half of it.
+start time and a heartbeat (a file export's partial, a file, has it beside it:
+``.OUT.partial-TOKEN.owner``, :mod:`blocklin.storage.file_records`). It is written whole (a
+temporary name renamed into place locally, one object write on object stores), so a reader never
+sees half of it.
 
 A record's owner is *gone* when
 
@@ -192,18 +194,26 @@ class Heartbeat:
     """Refreshes the owner records this process holds, every :data:`HEARTBEAT_SECONDS`.
 
     One daemon thread per process; it stops refreshing a record whose run id changed (another run
-    took the location over), so the commit of this run then fails instead of overwriting it.
+    took the location over), so the commit of this run then fails instead of overwriting it. A
+    folder's record is ``OWNER_RECORD`` inside it (:meth:`hold`); a file export's lies beside its
+    partial file, read and written by the callables :meth:`hold` takes (``read``, ``write``).
     """
 
     _lock = threading.Lock()
-    _held: dict[str, tuple[Location, dict]] = {}
+    #: url -> (location, record, whether it is a folder's, read, write)
+    _held: dict[str, tuple[Location, dict, bool, Any, Any]] = {}
     _thread: threading.Thread | None = None
     _wake = threading.Event()
 
     @classmethod
-    def hold(cls, loc: Location, rec: dict) -> None:
+    def hold(cls, loc: Location, rec: dict, *, read: Any = None, write: Any = None) -> None:
+        """Refresh ``rec`` at ``loc`` from now on; ``read()`` and ``write(rec)`` where the record is not
+        ``OWNER_RECORD`` inside ``loc`` (a file export's, beside its partial file)."""
+        folder = read is None
+        read = read or (lambda: read_record(loc))
+        write = write or (lambda r: write_record(loc, r))
         with cls._lock:
-            cls._held[loc.url] = (loc, rec)
+            cls._held[loc.url] = (loc, rec, folder, read, write)
             if cls._thread is None or not cls._thread.is_alive():
                 cls._thread = threading.Thread(target=cls._run, name="blocklin-heartbeat", daemon=True)
                 cls._thread.start()
@@ -214,16 +224,18 @@ class Heartbeat:
         if not rec:
             return False
         with cls._lock:
-            return any(r["run"] == rec.get("run") for _, r in cls._held.values())
+            return any(h[1]["run"] == rec.get("run") for h in cls._held.values())
 
     @classmethod
     def held(cls) -> list[tuple[Location, dict]]:
-        """The locations whose records this process holds, with the records."""
+        """The folders (partial outputs, work folders) whose records this process holds, with the
+        records (a file export's partial, which its own abort removes, is not among them)."""
         with cls._lock:
-            return list(cls._held.values())
+            return [(loc, rec) for loc, rec, folder, _, _ in cls._held.values() if folder]
 
     @classmethod
     def release(cls, loc: Location) -> None:
+        """Stop refreshing the record at ``loc``; once this returns, no beat of it runs or follows."""
         with cls._lock:
             cls._held.pop(loc.url, None)
 
@@ -245,18 +257,18 @@ class Heartbeat:
                 if not held:
                     cls._thread = None
                     return
-                for loc, rec in held:
-                    cls._beat(loc, rec)
+                for loc, rec, _, read, write in held:
+                    cls._beat(loc, rec, read, write)
 
     @classmethod
-    def _beat(cls, loc: Location, rec: dict) -> None:
+    def _beat(cls, loc: Location, rec: dict, read: Any, write: Any) -> None:
         try:
-            current = read_record(loc)
+            current = read()
             if current is None or current.get("run") != rec["run"]:
                 cls._held.pop(loc.url, None)  # gone or taken over: never resurrect it
                 return
             rec["heartbeat"] = time.time()
-            write_record(loc, rec)
+            write(rec)
         except OSError:  # a transient storage error: the next beat tries again
             pass
 

@@ -10,8 +10,9 @@ Two gaps of the local commit, beside the live-owner refusal of ``tests/storage/t
   claiming the same output in that window found a partial without a record, took its run for gone
   and removed it, and the commit failed with the finished result lost;
 * a file export's commit renamed whatever file lay at its partial's name into place, the partial of
-  a run that had taken it over included (file exports keep no heartbeat, so on another host one
-  running past the lease looks gone).
+  a run that had taken it over included (a run on another host that took it for gone: file exports
+  kept no heartbeat then, ``test_export_heartbeat.py``, and a process stopped past the lease still
+  looks gone).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def test_no_claim_removes_a_partial_while_it_is_committed(tmp_path, monkeypatch)
 
 
 def test_a_file_export_taken_over_during_the_run_is_neither_published_nor_removed(tmp_path):
-    """File exports keep no heartbeat: a run on another host took a long export for gone and replaced
+    """A run on another host took the export for gone (its heartbeat older than the lease) and replaced
     its partial with its own, which the first run's commit then renamed into place as the output."""
     target = AtomicFile(tmp_path / "X.csv", kind="csv")
     target.partial.write_text("1,2\n")

@@ -209,6 +209,8 @@ class AtomicFile:
                 self._take_over()
             # who writes the partial, until it is committed or removed: `clean` removes it once that run is gone
             self._owner = file_records.write_owner(self.partial, operation="export", for_output=str(self.path))
+            # its heartbeat, as a zarr output's: on another host a long export had looked gone
+            file_records.keep_alive(self.partial, self._owner)
             AtomicFile._writing.add(str(self.partial))
 
     #: The partials this process is writing (a second writer of one in the same process is busy too).
@@ -246,6 +248,7 @@ class AtomicFile:
                     f"{str(self.partial)!r} taken over during this run by "
                     f"{ownership.describe(owner) if owner else 'another run'}",
                     "run one export per output at a time; rerun this one once the other is done or gone"))
+            file_records.let_go(self.partial)  # no beat recreates the record dropped below
             os.replace(self.partial, self.path)
             self.committed = True
             file_records.drop_owner(self.partial)
@@ -256,14 +259,15 @@ class AtomicFile:
 
     def _owns_partial(self) -> bool:
         """Whether the partial is still this run's: a run on another host that took this one for gone
-        (file exports keep no heartbeat: one that runs past the lease looks gone there) replaced it
-        with its own, which this run may neither publish nor remove."""
+        (its heartbeat older than the lease: a process stopped that long) replaced it with its own,
+        which this run may neither publish nor remove."""
         owner = file_records.read_owner(self.partial)
         return owner is not None and self._owner is not None and owner.get("run") == self._owner["run"]
 
     def abort(self) -> None:
         if not self.committed:
             AtomicFile._writing.discard(str(self.partial))
+            file_records.let_go(self.partial)
             with ownership.claim_lock(str(self.path.parent)):
                 if not self._owns_partial() and file_records.read_owner(self.partial) is not None:
                     return  # another run's now
