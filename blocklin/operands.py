@@ -54,6 +54,29 @@ def stored_input(op: Operand) -> Location | None:
     return op.source if op.staged else op.path
 
 
+def stored_location(x: Any, cfg: Config) -> Location | None:
+    """Where the stored array ``x`` names lives (a path, URL, Location, :class:`~blocklin.matrix.Matrix`,
+    zarr array or store, or an xarray DataArray of one), found without reading it: what a run stamps
+    before its first read (:mod:`blocklin.storage.input_guard`). None for in-memory data, or where
+    :func:`as_operand` would refuse ``x`` (it says why)."""
+    if any(c.__module__.startswith("xarray") for c in type(x).__mro__[:-1]) and hasattr(x, "dims") \
+            and hasattr(x, "data"):
+        x = x.data
+    try:
+        if isinstance(x, Matrix):
+            return x.location
+        if isinstance(x, (str, os.PathLike, Location)):
+            return as_location(x, cfg.storage_options, name="input")
+        if type(x).__module__.startswith("zarr") and hasattr(x, "chunks") and hasattr(x, "shape"):
+            path = store_path(x)
+            return None if path is None else as_location(path, cfg.storage_options, name="input")
+        if type(x).__module__.startswith("zarr"):
+            return as_location(x, cfg.storage_options, name="input")
+    except (ValueError, TypeError, OSError):
+        return None
+    return None
+
+
 def staged_at(op: Operand, memory: int) -> Operand:
     """``op`` as a run with budget ``memory`` would read it: a staged copy is chunked from the budget
     (:func:`~blocklin.plan.chunks.auto_chunks`, as :func:`as_operand` and :func:`cast_integers` stage

@@ -23,14 +23,15 @@ import blocklin._memory as _memory
 from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
-from blocklin.errors import BudgetError, ConfigError, DeviceError, WorkerLostError, explain
+from blocklin.errors import BudgetError, ConfigError, DeviceError, InputChangedError, WorkerLostError, explain
 from blocklin.matrix import Matrix
-from blocklin.operands import Operand, as_operand, cast_integers, stored_input, temp_root
+from blocklin.operands import Operand, as_operand, cast_integers, stored_input, stored_location, temp_root
 from blocklin.runtime.graph import ProcessPools, TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage import input_guard
 from blocklin.storage.guard import check_not_output
 from blocklin.storage.backend import remove
 from blocklin.storage.formats import check_zarr_output
@@ -228,7 +229,11 @@ class Job:
     def operand(self, x: Any, name: str, ndim: int = 2, *, integers: str = "refuse") -> Operand:
         """``x`` as a stored operand (:func:`blocklin.operands.as_operand`). ``integers="cast"``: integer
         and boolean data become a staged float64 copy, as ``numpy.linalg`` casts them (the report's
-        ``read_notes`` say so); ``"refuse"`` leaves them to the operation's dtype check."""
+        ``read_notes`` say so); ``"refuse"`` leaves them to the operation's dtype check.
+
+        A stored ``x`` is stamped first, before any read (a staged copy's included): the run's value is
+        refused if it changes before the run returns or commits (:meth:`stamp_input`)."""
+        self.stamp_input(stored_location(x, self.cfg))
         op = as_operand(x, name, self.cfg, self.stack, ndim=ndim,
                         client=self.scheduler.client if self.scheduler.kind == "distributed" else None)
         if integers == "cast" and np.dtype(op.dtype).kind in "biu":
@@ -242,6 +247,21 @@ class Job:
             self.input_shapes[str(op.path)] = tuple(int(d) for d in op.shape)
         self.operand_dtypes.add(np.dtype(op.dtype))  # the roofline's arithmetic where no report names it
         return op
+
+    def stamp_input(self, loc: Location | None) -> None:
+        """Stamp the stored input ``loc`` before the run first reads it (:class:`~blocklin.storage.input_guard.RunInputs`:
+        one listing per input per run): checked before the run's value is returned, or at its outputs'
+        commits. Not this run's own work (the temp dir's ``blocklin-*`` folders: staged copies,
+        intermediates, temporary results) nor its outputs."""
+        if loc is None:
+            return
+        root = temp_root(self.cfg)
+        if loc.url.startswith(root.url.rstrip("/") + "/blocklin-"):
+            return
+        try:
+            self.inputs.stamp(loc)
+        except OSError:  # unreadable: opening it says why
+            pass
 
     @property
     def check_finite(self) -> bool:
@@ -478,6 +498,7 @@ class Job:
         for r in results:
             if isinstance(r, dict):
                 self.add_stats(r, share=slots)
+        self.inputs.reading()  # read after a commit's check: checked again at the end
         if count_pass is not None:
             self.stats["passes"] = self.stats.get("passes", 0) + 1
             self.pass_counts[count_pass] = self.pass_counts.get(count_pass, 0) + 1
@@ -660,10 +681,19 @@ class Job:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> Job:
+        #: The stored inputs of the run (:class:`~blocklin.storage.input_guard.RunInputs`): this job's,
+        #: or the outermost running job's when it runs inside one (each input stamped once per run)
+        self.inputs, self._outermost = self.stack.enter_context(input_guard.run_inputs())
         self._running_token = _running.set(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        changed = None
+        if exc_type is None and self._outermost:  # before the value is returned (outputs: at their commit)
+            try:
+                self.inputs.check(f"the {self.operation} result")
+            except InputChangedError as err:
+                changed, exc_type = err, InputChangedError
         self._failed = exc_type is not None  # work folders kept for resume (work_dir)
         self._interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
         try:
@@ -689,3 +719,5 @@ class Job:
             mapped = storage_error(exc, tuple(str(ao.path) for ao in self.outputs))
             if mapped is not None:
                 raise mapped from exc
+        if changed is not None:
+            raise changed

@@ -530,6 +530,7 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
     operands do not fit ``job``'s memory budget. ``offdiagonal``: of ``S`` without its diagonal
     (:func:`read_block`)."""
     store = matrix._store
+    job.stamp_input(store.location)  # before the run's first product: refused if S changes before its end
     groups = row_groups(store)
     budget, reserved = job.cfg.memory, job.client_reserved
     held, per_task = product_memory(store, groups, x.shape[1], x.nbytes, transposed, dtype, budget, reserved)
@@ -635,6 +636,7 @@ def hold_blocks(job: Any, store: SparseStore, dtype: Any, need: int, reserved: i
     cluster); the bytes held, to add to ``job.client_reserved`` (0: the products stream). The blocks
     are read by the first product and released when ``job`` ends (``offdiagonal``: without the diagonal,
     for the products of :func:`sparse_product` that ask for it)."""
+    job.stamp_input(store.location)  # before the first product reads the blocks (see sparse_product)
     if not HOLD_BLOCKS or job.scheduler.kind == "distributed":
         return 0
     nbytes = blocks_fit(store, dtype, job.cfg.memory, reserved, need)

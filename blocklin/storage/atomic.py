@@ -90,17 +90,14 @@ def _coverage(inputs: list, storage_options: dict | None, record: list[dict]) ->
     """What the output is computed from, per stored zarr input (:func:`blocklin.storage.versions.coverage`),
     from the inputs' stamp ``record`` where it lists their files (no second listing): recorded in the
     provenance so that :func:`blocklin.update` can tell which rows are new."""
-    from blocklin.storage.versions import coverage
-
-    listed = {r["url"]: r.get("entries") for r in record}
     out = []
     for i in inputs:
         i, rows = i if isinstance(i, tuple) else (i, None)  # (input, the rows the operation reads of it)
         try:
             loc = stamps.input_location(i, storage_options)
-            c = coverage(loc, entries=listed.get(loc.url))
         except (OSError, ValueError, TypeError, KeyError):  # not a zarr array: nothing a later append grows
-            c = None
+            continue
+        c = input_guard.covered_by(loc, record)
         if c is not None and rows is not None and c["shape"][0] != rows:
             c = _covered_version(loc, c, rows)
         if c is not None:
@@ -227,6 +224,7 @@ class AtomicOutput:
                 with ownership.claim_lock(os.path.dirname(self.partial.url)):
                     self._claim_local()
             self._drop_named_work()  # outside the lock: the work folder may lie in the same folder
+            input_guard.writes(self.partial, self.path)  # read back by the run: its own, not an input
             self.done = self.partial / _DONE
             self._be = backend(self.partial)
             # before any read: what the result is computed from (the stamps just listed, where resumable)
@@ -372,7 +370,7 @@ class AtomicOutput:
         since its run (or that holds no record of them) is started over, with a warning that names
         the input. A resume that finds nothing to continue says so too. A run that is not resumable
         keeps the stamps for its commit's check only."""
-        today = stamps.stamp_inputs(self._input_locations)
+        today = input_guard.stamps_for(self._input_locations)  # the run's, where it opened them already
         if not self.resumable:
             self.input_record = today
             return
@@ -433,6 +431,7 @@ class AtomicOutput:
         unless an input changed since the claim other than by appended rows
         (:mod:`blocklin.storage.input_guard`: :class:`~blocklin.errors.InputChangedError`)."""
         input_guard.check_unchanged(self.input_record, self._input_locations, self.path.url, covers=self.covers)
+        input_guard.checked(self.input_record)
         provenance = {
             "operation": operation,
             "inputs": self.inputs,

@@ -1,4 +1,4 @@
-"""Inputs that must hold one version from a run's first read to its commit.
+"""Inputs that must hold one version from a run's first read to its end (its commit, or its value's return).
 
 A run reads its stored inputs tile by tile for as long as it runs. Another program that rewrites an
 input meanwhile (new chunk files written with zarr, the folder replaced, a file rewritten) leaves
@@ -13,6 +13,15 @@ version. An input whose history leads from the version the run covers to today's
 passes; an append still in flight at the commit (its chunks written, its ``zarr.json`` not yet) does
 not, and the run is refused though its result would have been right (rerun it).
 
+A run that returns its value in memory (``norm``, ``cond``, ``slogdet``, an SVD or solve without
+``out=``) commits nothing, so the run itself is guarded: :func:`run_inputs` opens the scope of one run
+(the outermost :class:`~blocklin.runtime.job.Job`, or a conversion), whose :class:`RunInputs` stamps
+each stored input when the run opens it, before its first read, and checks them all before the
+value is returned. Outputs claimed inside the scope take those stamps rather than listing the
+inputs again at the claim (:func:`stamps_for`), so reads a run makes before it claims its output (a
+text file's shape scan, a staged copy of an input, a first pass of peaks) are covered too; an input
+a commit has checked is not listed again at the end unless the run read on after the commit.
+
 The stamps see what the file system records (sizes, times in ns, inodes; ETags on object stores),
 with the limits :mod:`blocklin.storage.stamps` names; a change undone before the commit is not seen
 (what the run read in between is).
@@ -20,7 +29,9 @@ with the limits :mod:`blocklin.storage.stamps` names; a change undone before the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import contextvars
+from collections.abc import Iterable, Iterator
 
 from blocklin.errors import InputChangedError, ParameterError, explain
 from blocklin.storage import stamps, versions
@@ -29,17 +40,128 @@ from blocklin.storage.location import Location
 
 def coverage(inputs: Iterable[Location], record: list[dict]) -> list[dict]:
     """The version of each zarr input the run reads (:func:`blocklin.storage.versions.coverage`, from
-    the listing in ``record``): what :func:`check_unchanged` lets appends grow."""
-    listed = {r["url"]: r.get("entries") for r in record}
+    the listing in ``record``, or the version the record says it took with its listing): what
+    :func:`check_unchanged` lets appends grow."""
     out = []
     for loc in inputs:
-        try:
-            c = versions.coverage(loc, entries=listed.get(loc.url))
-        except (OSError, ValueError, TypeError, KeyError):  # not a zarr array
-            c = None
+        c = covered_by(loc, record)
         if c is not None:
             out.append(c)
     return out
+
+
+def covered_by(loc: Location, record: list[dict]) -> dict | None:
+    """The version of the zarr input ``loc`` its stamp in ``record`` lists (None: not a zarr array). A
+    stamp a run took at its first open carries the version read with it (its ``covers``): today's
+    metadata, read later, could hold rows appended since."""
+    stamp = next((r for r in record if r["url"] == loc.url), None)
+    if stamp is not None and "covers" in stamp:
+        return stamp["covers"]
+    try:
+        return versions.coverage(loc, entries=stamp.get("entries") if stamp else None)
+    except (OSError, ValueError, TypeError, KeyError):  # not a zarr array
+        return None
+
+
+class RunInputs:
+    """The stored inputs of one run: each stamped when the run first opens it, before it reads it,
+    and checked (:func:`check_unchanged`) before the run's value is returned (see module docstring).
+
+    Attributes
+    ----------
+    record : dict
+        ``{url: stamp}`` of every input stamped so far (:func:`blocklin.storage.stamps.stamp_inputs`,
+        with the version read with it under ``covers``).
+    """
+
+    def __init__(self) -> None:
+        self.record: dict[str, dict] = {}
+        self._locations: dict[str, Location] = {}
+        self._checked: set[str] = set()  # checked by a commit, not read since
+        self._written: list[str] = []  # the run's outputs (partial and final), which it rewrites itself
+
+    def stamp(self, loc: Location) -> None:
+        """Stamp ``loc`` unless the run already did (one listing, at its first open), or wrote it (an
+        output of this run read back, by a later step of it)."""
+        self._checked.discard(loc.url)
+        if loc.url in self.record or loc.pending or any(loc.url == w or loc.url.startswith(w + "/")
+                                                         for w in self._written):
+            return
+        rec = stamps.stamp_inputs([loc])[0]
+        c = covered_by(loc, [rec])
+        self.record[loc.url] = {**rec, "covers": c} if c is not None else rec
+        self._locations[loc.url] = loc
+
+    def stamps_for(self, inputs: Iterable[Location]) -> list[dict]:
+        """Each input's stamp: the run's, taken at its first open, else one taken now."""
+        inputs = list(inputs)
+        new = {i.url: i for i in inputs if i.url not in self.record}  # A @ A: A listed once
+        fresh = dict(zip(new, stamps.stamp_inputs(list(new.values()))))
+        return [self.record.get(i.url) or fresh[i.url] for i in inputs]
+
+    def writes(self, *locs: Location) -> None:
+        """The run writes ``locs`` (an output's partial and final location): never stamped as inputs."""
+        self._written.extend(loc.url for loc in locs)
+
+    def checked(self, record: list[dict]) -> None:
+        """A commit found the inputs of ``record`` unchanged: not listed again at the end (:meth:`check`)
+        unless the run reads on (:meth:`reading`)."""
+        self._checked.update(r["url"] for r in record if self.record.get(r["url"]) is r)
+
+    def reading(self) -> None:
+        """The run reads its inputs again (a pass): every input is checked at the end."""
+        self._checked.clear()
+
+    def check(self, result: str) -> None:
+        """Refuse to return ``result`` when an input changed since the run opened it (rows appended
+        aside): :class:`~blocklin.errors.InputChangedError`. One listing of each input not checked
+        by a commit since the run last read it."""
+        urls = [u for u in self.record if u not in self._checked]
+        recorded = [self.record[u] for u in urls]
+        check_unchanged(recorded, [self._locations[u] for u in urls], result,
+                        covers=[r["covers"] for r in recorded if "covers" in r], returned=True)
+
+
+_RUN: contextvars.ContextVar[RunInputs | None] = contextvars.ContextVar("blocklin_run_inputs", default=None)
+
+
+@contextlib.contextmanager
+def run_inputs() -> Iterator[tuple[RunInputs, bool]]:
+    """The scope of one run's inputs: ``(inputs, outermost)``. Inside a run already open (an operation
+    that runs others: solve's products, an SVD's passes), that run's, so that each input is stamped
+    once, at the first open of the whole run, and checked by its outermost caller."""
+    outer = _RUN.get()
+    if outer is not None:
+        yield outer, False
+        return
+    scope = RunInputs()
+    token = _RUN.set(scope)
+    try:
+        yield scope, True
+    finally:
+        with contextlib.suppress(ValueError):  # left in another context than it was entered
+            _RUN.reset(token)
+
+
+def stamps_for(inputs: Iterable[Location]) -> list[dict]:
+    """The stamps an output claimed now records of its ``inputs``: those its run took when it opened
+    them (:class:`RunInputs`), a new listing for the others."""
+    scope = _RUN.get()
+    return scope.stamps_for(inputs) if scope is not None else stamps.stamp_inputs(list(inputs))
+
+
+def writes(*locs: Location) -> None:
+    """The run writes ``locs`` (:meth:`RunInputs.writes`)."""
+    scope = _RUN.get()
+    if scope is not None:
+        scope.writes(*locs)
+
+
+def checked(record: list[dict]) -> None:
+    """A commit found the inputs of ``record`` unchanged (:meth:`RunInputs.checked`)."""
+    scope = _RUN.get()
+    if scope is not None:
+        scope.checked(record)
 
 
 def _only_appended(covered: dict | None, loc: Location) -> bool:
@@ -53,10 +175,11 @@ def _only_appended(covered: dict | None, loc: Location) -> bool:
 
 
 def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: str, *,
-                    covers: Iterable[dict] = ()) -> None:
-    """Refuse to commit ``output`` when an input no longer holds what its ``recorded`` stamps (taken
-    before the run read it) say, unless rows were only appended to the version in ``covers`` (see the
-    module docstring). One more listing of each input.
+                    covers: Iterable[dict] = (), returned: bool = False) -> None:
+    """Refuse to commit ``output`` (``returned``: to return the value ``output`` names) when an input no
+    longer holds what its ``recorded`` stamps (taken before the run read it) say, unless rows were
+    only appended to the version in ``covers`` (see the module docstring). One more listing of each
+    input.
 
     Raises
     ------
@@ -65,7 +188,7 @@ def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: st
     """
     if not recorded:
         return
-    inputs = list(inputs)
+    inputs = list({loc.url: loc for loc in inputs}.values())  # A @ A: A listed once
     today = stamps.stamp_inputs(inputs)
     then = {r["url"]: r for r in recorded}
     covered = {c["url"]: c for c in covers}
@@ -75,10 +198,10 @@ def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: st
     what = stamps.changes(recorded, kept, since="during the run")
     if what:
         raise InputChangedError(explain(
-            "inputs", "must keep their values from a run's first read to its commit (a result of old and "
-            "new values is no version's)", "; ".join(what),
-            f"nothing was written to {output}; rerun once no other program writes the input (a run with "
-            "resume starts over on the new values)"))
+            "inputs", "must keep their values from a run's first read to its end, its commit or its value's "
+            "return (a result of old and new values is no version's)", "; ".join(what),
+            (f"{output} was not returned" if returned else f"nothing was written to {output}") +
+            "; rerun once no other program writes the input (a run with resume starts over on the new values)"))
 
 
-__all__ = ["check_unchanged", "coverage"]
+__all__ = ["RunInputs", "check_unchanged", "checked", "coverage", "covered_by", "run_inputs", "stamps_for", "writes"]

@@ -202,7 +202,7 @@ class AtomicFile:
         self._owner: dict | None = None
         # before the first block is read; the commit refuses if an input changed since (input_guard)
         self._inputs = [stamps.input_location(i) for i in inputs if i is not None]
-        self._stamps = stamps.stamp_inputs(self._inputs)
+        self._stamps = input_guard.stamps_for(self._inputs)  # the run's, where it opened them already
         self._covers = input_guard.coverage(self._inputs, self._stamps)
         with ownership.claim_lock(str(self.path.parent)):  # as `blocklin clean` judges and removes partials
             if os.path.lexists(self.partial):  # a stale partial of the same job: file outputs restart
@@ -234,6 +234,7 @@ class AtomicFile:
         """Rename the finished file into place and record it as blocklin's (``datasets``: HDF5's), unless
         an input changed during the run (:class:`~blocklin.errors.InputChangedError`)."""
         input_guard.check_unchanged(self._stamps, self._inputs, str(self.path), covers=self._covers)
+        input_guard.checked(self._stamps)
         if os.path.lexists(self.path):  # checked again: it may have appeared during the run
             if not self.overwrite:
                 raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
