@@ -9,6 +9,7 @@ Converting is not math: values are copied (and cast when asked), never computed 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -26,6 +27,7 @@ from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
 from blocklin.peaks import block_peaks
 from blocklin.progress import make_progress
+from blocklin.storage import input_guard, stamps
 from blocklin.storage.identity import resume_token
 from blocklin.storage.atomic import check_output_path
 from blocklin.storage.formats import check_reader_options, detect_format, open_reader, open_writer
@@ -229,7 +231,16 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     check_reader_options(src, in_fmt, {k: v for k, v in given.items() if v})
     reader_opts = _reader_options(in_fmt, shape=shape, dtype=in_dtype if in_dtype is not None else dtype,
                                   order=order, offset=offset, delimiter=delimiter, skip_rows=skip_rows, header=header)
-    reader = open_reader(src, format=from_format, **reader_opts)
+    # the source stamped before its first read (a text file's shape scan, a header): the output's
+    # commit refuses a source rewritten since (input_guard)
+    run = contextlib.ExitStack()
+    try:
+        inputs, _ = run.enter_context(input_guard.run_inputs())
+        inputs.stamp(stamps.input_location(src_path, storage_options))
+        reader = open_reader(src, format=from_format, **reader_opts)
+    except BaseException:
+        run.close()
+        raise
     writer = None
     try:
         out_dt = output_dtype(reader.dtype, dtype)
@@ -297,6 +308,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         raise_naming(exc, partial)  # a full disk's write() names no file: name the export's
     finally:
         reader.close()
+        run.close()
 
 
 def _refused(writer: Any, exc: Exception) -> Exception:

@@ -8,6 +8,8 @@ stored inputs at the claim and its commit compares them again (``storage/input_g
 refused, naming the input, and leaves nothing; a rerun with ``--resume`` then starts over and equals a
 fresh run on the new values, bit for bit. Rows appended by ``blocklin.append`` during a run are the
 one change it may meet (the result covers the rows it opened). The same check guards file exports.
+The stamps are taken when the run first opens an input, before reads made ahead of the output's
+claim (an integer input's float64 copy, a text file's shape scan).
 """
 
 from __future__ import annotations
@@ -139,3 +141,57 @@ def test_commit_refuses_an_input_another_run_replaced(data):
         blocklin.from_array(np.zeros((N, N)), data / "A.zarr", chunks=(40, 40), overwrite=True)
         ao.commit("test")
     assert sorted(os.listdir(data)) == ["A.zarr", "tmp"]
+
+
+# -- reads made before the output is claimed: the stamps of the run's first open, not of the claim -----
+
+def test_an_integer_input_rewritten_while_it_is_cast_commits_nothing(data, monkeypatch):
+    """``lu`` of an integer ``A`` reads it whole into a float64 copy before it claims its output: the
+    claim's stamps had been taken after that read, so a rewrite during the copy committed the LU of a
+    copy of both versions."""
+    import blocklin.operands as operands
+
+    a = data / "I.zarr"
+    blocklin.from_array(np.random.default_rng(3).integers(-9, 9, (N, N)), a, chunks=(40, 40))
+    real, reads = operands.open_zarr, []
+
+    class RewrittenAfterItsFirstRead:
+        def __init__(self, arr):
+            self._arr = arr
+
+        def __getattr__(self, name):
+            return getattr(self._arr, name)
+
+        def __getitem__(self, key):
+            block = self._arr[key]
+            reads.append(key)
+            if len(reads) == 1:
+                zarr.open_array(str(a), mode="r+")[...] = np.random.default_rng(8).integers(-9, 9, (N, N))
+            return block
+
+    monkeypatch.setattr(operands, "open_zarr", lambda *args, **kw: RewrittenAfterItsFirstRead(real(*args, **kw)))
+    with pytest.raises(InputChangedError, match=r"I\.zarr changed during the run .*nothing was written"):
+        blocklin.lu(a, data / "LU.zarr", memory="512KiB", scheduler="sync")
+    assert len(reads) > 1 and sorted(os.listdir(data)) == ["A.zarr", "I.zarr", "tmp"]
+
+
+def test_a_text_file_rewritten_after_its_shape_scan_is_refused(tmp_path, monkeypatch):
+    """``convert A.csv X.npy`` scans the file for its shape when it opens it, before the export claims
+    its output: a rewrite in between (12 rows where the scan counted 6) had been exported as the new
+    file's first 6 rows, with exit 0."""
+    import blocklin.storage.convert as convert
+
+    tmp_path = tmp_path / "run"
+    tmp_path.mkdir()
+    np.savetxt(tmp_path / "A.csv", np.arange(12.0).reshape(6, 2), delimiter=",")
+    real = convert.open_reader
+
+    def opened_then_rewritten(*args, **kw):
+        reader = real(*args, **kw)
+        np.savetxt(tmp_path / "A.csv", -np.arange(24.0).reshape(12, 2), delimiter=",")  # another program
+        return reader
+
+    monkeypatch.setattr(convert, "open_reader", opened_then_rewritten)
+    with pytest.raises(InputChangedError, match=r"A\.csv changed during the run \(its file differs\)"):
+        blocklin.convert(tmp_path / "A.csv", tmp_path / "X.npy")
+    assert sorted(os.listdir(tmp_path)) == ["A.csv"]
