@@ -84,8 +84,7 @@ class RunInputs:
         """Stamp ``loc`` unless the run already did (one listing, at its first open), or wrote it (an
         output of this run read back, by a later step of it)."""
         self._checked.discard(loc.url)
-        if loc.url in self.record or loc.pending or any(loc.url == w or loc.url.startswith(w + "/")
-                                                         for w in self._written):
+        if loc.url in self.record or loc.pending or self._wrote(loc.url):
             return
         rec = stamps.stamp_inputs([loc])[0]
         c = covered_by(loc, [rec])
@@ -100,8 +99,15 @@ class RunInputs:
         return [self.record.get(i.url) or fresh[i.url] for i in inputs]
 
     def writes(self, *locs: Location) -> None:
-        """The run writes ``locs`` (an output's partial and final location): never stamped as inputs."""
+        """The run writes ``locs`` (an output's partial and final location): never stamped as inputs, and
+        no longer checked at the end where the run read them before (an output it replaces, whose own
+        commit checks it: ``reads_output``)."""
         self._written.extend(loc.url for loc in locs)
+        for url in [u for u in self.record if self._wrote(u)]:
+            del self.record[url], self._locations[url]
+
+    def _wrote(self, url: str) -> bool:
+        return any(url == w or url.startswith(w + "/") for w in self._written)
 
     def checked(self, record: list[dict]) -> None:
         """A commit found the inputs of ``record`` unchanged: not listed again at the end (:meth:`check`)

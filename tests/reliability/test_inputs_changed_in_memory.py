@@ -139,3 +139,22 @@ def test_a_sparse_input_rewritten_mid_run_is_refused(tmp_path, monkeypatch):
     with pytest.raises(InputChangedError, match=r"S\.zarr changed during the run .*was not returned"):
         blocklin.eigsh(blocklin.open(path), 2, scheduler="sync")
     assert reads
+
+
+def test_an_output_the_run_replaces_is_not_checked_at_its_end(data):
+    """A run that reads a store and then writes it as its output (``reads_output``: an update replaces
+    the result it read) checks it at the commit, not again at its end, where its own commit replaced it."""
+    from blocklin.storage.atomic import AtomicOutput
+    from blocklin.storage.input_guard import run_inputs
+    from blocklin.storage.location import as_location
+
+    c = data / "C.zarr"
+    blocklin.from_array(np.ones((4, 4)), c)
+    with run_inputs() as (inputs, outermost):
+        inputs.stamp(as_location(c))
+        ao = AtomicOutput(c, overwrite=True, reads_output=True, temp_dir=data / "tmp")
+        zarr.create_array(str(ao.array_path()), shape=(2, 2), dtype="f8", chunks=(2, 2))[...] = 2.0
+        ao.commit("test")
+        inputs.reading()  # the run read on after the commit
+        inputs.check("the test result")
+    assert outermost and zarr.open_array(str(c))[0, 0] == 2.0
