@@ -178,8 +178,9 @@ class AtomicOutput:
     resumable : bool
         Whether a rerun with ``resume=True`` may continue this output (a ``token`` was given).
     input_record : list of dict
-        The inputs' content stamps taken at the claim (recorded in the partial where resumable); the
-        commit refuses when they differ from the inputs' stamps then.
+        The inputs' content stamps, taken when the run first opened each input (its job's, before any
+        read: :func:`blocklin.storage.input_guard.stamps_for`), else at the claim (recorded in the
+        partial where resumable); the commit refuses when they differ from the inputs' stamps then.
     """
 
     def __init__(self, path: Any, *, inputs: Iterable[Any] = (), overwrite: bool = False,
@@ -203,8 +204,8 @@ class AtomicOutput:
         self.resumable = token is not None
         self.token = token or uuid.uuid4().hex[:16]
         self._other_runs: list[dict] = []  # owner records of unfinished runs a resume could not continue
-        # stamped at the claim, before the first read, and again at the commit (every output), and kept
-        # in the partial for a resume (resumable outputs)
+        # stamped at the run's first open (else at the claim), before the first read, and again at the
+        # commit (every output), and kept in the partial for a resume (resumable outputs)
         self._input_locations = [stamps.input_location(i, storage_options) for i in inputs]
         if reads_output and self.path.is_local:
             self._input_locations.append(self.path)

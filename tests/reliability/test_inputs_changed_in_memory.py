@@ -158,3 +158,21 @@ def test_an_output_the_run_replaces_is_not_checked_at_its_end(data):
         inputs.reading()  # the run read on after the commit
         inputs.check("the test result")
     assert outermost and zarr.open_array(str(c))[0, 0] == 2.0
+
+
+def test_cond_of_an_input_rewritten_between_its_inverse_and_its_norm_is_refused(data, monkeypatch):
+    """``cond(a, 1)`` is ``norm(a, 1) * norm(inv(a), 1)``, three runs: ``a`` rewritten after ``inv`` had given
+    the norm of the new ``a`` times the old inverse's. They are one run now, checked at its end."""
+    import blocklin.linalg.inverse.inverse as inverse
+
+    real = inverse.inv
+
+    def inv_then_rewrite(*args, **kw):
+        x = real(*args, **kw)
+        _rewrite(data / "A.zarr")
+        return x
+
+    monkeypatch.setattr(inverse, "inv", inv_then_rewrite)
+    with pytest.raises(InputChangedError, match=r"A\.zarr changed during the run .*the cond result was not returned"):
+        blocklin.cond(data / "A.zarr", 1, memory="1MiB")
+    assert sorted(os.listdir(data)) == ["A.zarr"]

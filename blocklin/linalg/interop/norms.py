@@ -22,6 +22,7 @@ from blocklin.errors import BlocklinWarning, NotSquareError, ParameterError, Sin
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import row_kernel, run_pass, source
+from blocklin.storage import input_guard
 
 #: ``ord`` values of :func:`norm` for a matrix (NumPy's).
 ORDS = (None, "fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf)
@@ -326,20 +327,25 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
         with np.errstate(divide="ignore"):
             c = s[0] / s[-1] if s[-1] > 0 else np.inf
         return float(c if p != -2 else (1.0 / c if c else np.inf))
-    shape, _ = _shape_dtype(a, settings)
-    if shape[0] != shape[1]:
-        raise NotSquareError(explain("a", f"must be square for cond(p={p!r}) (a norm of the inverse)",
-                                 f"shape {shape}", "pass p=None (the 2-norm condition of any shape)"))
-    try:
-        x = inv(a, **settings)
-    except SingularMatrixError as err:  # had raised where NumPy returns inf (numpy.linalg.cond of a singular matrix)
-        if getattr(err, "exact_zero_pivot", False):
-            return math.inf
-        raise
-    try:
-        return norm(a, p, **settings) * norm(x, p, **settings)
-    finally:
-        x.delete()
+    # inv and two norms are one run: a rewritten between them is refused, not a norm of each version
+    with input_guard.run_inputs() as (inputs, outermost):
+        shape, _ = _shape_dtype(a, settings)
+        if shape[0] != shape[1]:
+            raise NotSquareError(explain("a", f"must be square for cond(p={p!r}) (a norm of the inverse)",
+                                     f"shape {shape}", "pass p=None (the 2-norm condition of any shape)"))
+        try:
+            x = inv(a, **settings)
+        except SingularMatrixError as err:  # had raised where NumPy returns inf (numpy.linalg.cond of a singular matrix)
+            if getattr(err, "exact_zero_pivot", False):
+                return math.inf
+            raise
+        try:
+            value = norm(a, p, **settings) * norm(x, p, **settings)
+        finally:
+            x.delete()
+        if outermost:
+            inputs.check("the cond result")
+        return value
 
 
 def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float | complex, float]:
