@@ -636,7 +636,6 @@ def hold_blocks(job: Any, store: SparseStore, dtype: Any, need: int, reserved: i
     cluster); the bytes held, to add to ``job.client_reserved`` (0: the products stream). The blocks
     are read by the first product and released when ``job`` ends (``offdiagonal``: without the diagonal,
     for the products of :func:`sparse_product` that ask for it)."""
-    job.stamp_input(store.location)  # before the first product reads the blocks (see sparse_product)
     if not HOLD_BLOCKS or job.scheduler.kind == "distributed":
         return 0
     nbytes = blocks_fit(store, dtype, job.cfg.memory, reserved, need)
