@@ -189,3 +189,59 @@ def test_updatable_columns_apart_refused(q, tmp_path):
         bl.solve(a, ldexp(b, q[None, :]), lam=1.0, updatable=True, out=str(tmp_path / "x.zarr"))
     x = bl.solve(a, b[:, :1], lam=1.0, updatable=True, out=str(tmp_path / "x1.zarr"))
     assert np.isfinite(np.asarray(x)).all()
+
+
+def loo_reference(a, b, lam, kw):
+    """Per column: the sum over the rows of the squared leave-one-out errors of the ridge fit at ``lam`` on the
+    data as given (``a``, ``b``), from the hat-matrix formula ``e_i / (1 - h_ii)`` on the prepared data (centered,
+    rows times ``sqrt(w)``), with the intercept's leverage ``w_i / sum w`` (scikit-learn's ``RidgeCV``); and the
+    smallest ``1 - h_ii`` (what the bound divides by)."""
+    m = a.shape[0]
+    w = kw.get("sample_weight", np.ones(m))
+    if kw.get("fit_intercept"):
+        mu, bbar = w @ a / w.sum(), w @ b / w.sum()
+        a, b = a - mu, b - bbar
+    sw = np.sqrt(w)
+    aw, bw = sw[:, None] * a, sw[:, None] * b
+    x = ridge(aw, bw, lam)
+    h = np.einsum("ij,ij->i", aw, np.linalg.solve(aw.T @ aw + lam ** 2 * np.eye(a.shape[1]), aw.T).T)
+    if kw.get("fit_intercept"):
+        h = h + w / w.sum()
+    e = (bw - aw @ x) / (1 - h)[:, None]
+    return (np.abs(e) ** 2).sum(axis=0), float(np.min(1 - h))
+
+
+@pytest.mark.filterwarnings("ignore:solve. the leave-one-out minimum sits at:UserWarning")
+@pytest.mark.parametrize("q", APART, ids=["2^1200 apart", "2^600 apart"])
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_loo_columns_apart(route, q):
+    """``lam="loo"`` (one lambda for all columns): the mean squared leave-one-out error over the columns at the
+    largest column's scale is the large column's (the small one's part ``2^-1200`` of it), so the choice is that
+    of the large column solved alone, and the reported curve is that of ``b`` as given (refused ``2^1200`` apart,
+    the small column's norms reported as 0 ``2^600`` apart, before). The errors are linear in ``b``: the large
+    column's, scaled by ``2^-q_0``, against the hat-matrix reference on the grid the solve reports, within
+    ``2 (c n eps cond(K) + c m eps) / min(1 - h_ii)`` relative (the fit's error, module docstring, through the
+    residual and the leverage's division); the choice's error within that of the reference's smallest. ``x``
+    and the norms at the chosen lambda as for the other rules."""
+    shape, kw = ROUTES[route]
+    a, b = problem(shape, seed=15)
+    q = np.array(q)
+    got = bl.solve(a, ldexp(b, q[None, :]), lam="loo", **kw)
+    lam, curve = got.report["lam"], got.report["curve"]
+    assert lam == bl.solve(a, ldexp(b[:, :1], int(q[0])), lam="loo", **kw).report["lam"]
+    grid = np.asarray(curve["lam"])
+    ref, low = zip(*(loo_reference(a, b, g, kw) for g in grid))
+    ref0 = np.array([r[0] for r in ref])
+    s = np.linalg.svd(prepared(a, b, kw)[0], compute_uv=False)
+    eps, c, big = np.finfo(np.float64).eps, 8, max(shape)
+    tol = 2 * (c * big * eps * (s[0] ** 2 + grid ** 2) / (s[-1] ** 2 + grid ** 2) + c * big * eps) / np.array(low)
+    i = curve["chosen_index"]
+    assert ref0[i] <= np.min(ref0 * (1 + tol)) * (1 + tol[i]), (ref0[i], np.min(ref0))
+    mse = np.ldexp(np.asarray(curve["loo"]), -2 * int(q[0])) * (2 * shape[0])  # the large column's sum
+    if q[0] >= 512:  # the mean squared error of b as given, near 2^1200, overflows float64, as NumPy's would
+        assert np.all(np.isinf(mse))
+    else:
+        assert np.all(np.abs(mse - ref0) <= tol * ref0), np.max(np.abs(mse - ref0) / ref0)
+    assert np.isclose(got.report["best_score_"], -curve["loo"][i], rtol=0, atol=0)
+    check_block(np.asarray(got), got.report["residual_norm"], got.report["solution_norm"], *prepared(a, b, kw), q,
+                lam)

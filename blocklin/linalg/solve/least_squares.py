@@ -56,10 +56,13 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                       scoring=scoring, folds=folds, L=L)
     ctx.sa = Scaling.of(source(A), A.dtype)
     ctx.sb = Scaling.of(source(B), B.dtype)
-    if k > 1 and kind in ("scalar", "sequence", "gcv", "lcurve") and folds is None:
+    if k > 1 and folds is None and (kind in ("scalar", "sequence", "gcv", "lcurve") or
+                                    (kind == "loo" and scoring is None and not per_target)):
         # each column of x its own problem: b's columns far apart are each scaled by their own power of two (a
-        # rule's score sums the columns at the largest one's scale, spectrum.Spectrum.col_shift; positive's NNLS
-        # is per column; updatable refuses to keep sums of columns apart, updatable.keep_sums)
+        # rule's score sums the columns at the largest one's scale, spectrum.Spectrum.col_shift, leave-one-out's
+        # mean squared error too, loo.choose; positive's NNLS is per column; updatable refuses to keep sums of
+        # columns apart, updatable.keep_sums). loo per target or with scoring= scales its errors itself
+        # (loo.column_powers)
         ctx.sb.per_column = True
         if plan.orientation != "wide":  # from the peaks the first pass records (the wide route holds b)
             job.column_peaks.add(ctx.sb.path)

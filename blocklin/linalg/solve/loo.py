@@ -19,7 +19,10 @@ As scikit-learn does: rows weighted by ``sqrt(w_i)`` and centered by the (weight
 ``sqrt(w)`` is orthogonal to the centered ones, the correction ``_RidgeGCV`` applies as
 ``d -= sqrt_sw * G^-1 sqrt_sw / sum(sw)``). The score is the mean squared error over the rows and
 right-hand sides (``best_score_`` is its negative), or per right-hand side with ``per_target``
-(``alpha_per_target``); the first grid value of the smallest error wins, as there. Per right-hand side,
+(``alpha_per_target``); the first grid value of the smallest error wins, as there. Where ``b``'s columns were
+each divided by their own power of two (too far apart for one), the mean weighs each column's squared errors by
+its power relative to the largest (:meth:`~blocklin.linalg.solve.spectrum.Spectrum.column_weights`): the score of
+``b`` as given, in the largest column's units. Per right-hand side,
 each column's errors are squared divided by a power of two near its own largest entry where one power for
 ``b`` would take a column's squares out of float64's range (:func:`column_powers`).
 
@@ -43,6 +46,7 @@ from blocklin.linalg.solve.kernels import loo_kernel
 from blocklin.linalg.solve import bordered_kernel, scaled_kernel
 from blocklin.linalg.solve.shifted_gram import less_typical_row
 from blocklin.linalg.solve.lambda_select import EXTEND_DECADES, base_grid
+from blocklin.linalg.solve.spectrum import weigh_columns
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.passes import run_pass
 from blocklin.runtime.powers import ldexp
@@ -78,8 +82,11 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     rows, ce = res.get("rows"), res.get("col_e")
     sq = _one_power(None, res["sq"], ce)  # in the units of b scaled by its one power, as the report takes them
     k = sq.shape[1]
-    per = sq / ctx.m  # mean squared error per lambda and right-hand side
-    mse = sq.sum(axis=1) / (ctx.m * k)
+    per = sq / ctx.m  # mean squared error per lambda and right-hand side (each column's own units)
+    # columns of b scaled each by its own power (least_squares' per-column switch): the mean at the largest
+    # column's scale, as of b as given, where a column 2^600 below weighs nothing (Spectrum.column_weights)
+    weights = weigh_columns(ctx, spec).column_weights(k)
+    mse = sq @ weights / (ctx.m * k)
     several = ctx.per_target and k > 1
     if ctx.scoring is None:  # RidgeCV's default: minus the mean squared error
         score_per, score = -per, -mse
@@ -541,9 +548,12 @@ def report_entries(ctx: Any, info: dict) -> None:
         info["best_score_"] = -curve["loo"][idx]
     rows = ctx.loo_choice[3] if ctx.loo_choice is not None else None
     if rows is not None:
-        eb = ctx.sb.exponent if ctx.sb is not None else 0
-        cv = np.ldexp(np.asarray(rows, dtype=np.float64), 2 * eb) if eb else np.asarray(rows, dtype=np.float64)
-        info["cv_results_"] = cv.reshape(ctx.m, len(curve["lam"]), -1).transpose(0, 2, 1)
+        eb = np.asarray(ctx.sb.column_exponents if ctx.sb is not None else 0, dtype=np.int64)  # one, or per column
+        cv = np.asarray(rows, dtype=np.float64).reshape(ctx.m, len(curve["lam"]), -1)
+        if np.any(eb):
+            with np.errstate(over="ignore", under="ignore"):
+                cv = np.ldexp(cv, 2 * eb)
+        info["cv_results_"] = cv.transpose(0, 2, 1)
 
 
 __all__ = ["PER_DECADE", "choose", "column_powers", "default_grid", "max_grid", "pass_reserve", "report_entries"]
