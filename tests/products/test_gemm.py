@@ -526,3 +526,35 @@ def test_float32_result_of_a_float64_c_below_float32s_normal_range_magnified_by_
     ref = a @ b + beta * c
     bound = 7 * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b) + beta * np.abs(c))
     assert got.dtype == np.float32 and np.all(np.abs(got - ref) <= bound + np.finfo(np.float32).smallest_subnormal)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_float32_precision_of_a_non_finite_operand(tmp_path, rng, which, bad):
+    """``precision='float32'`` of float64 operands holding an Inf or NaN: the check of float32's range took the
+    Inf for an entry its cast would overflow and refused it (``got max |a| = inf``), even with
+    ``check_finite=False``, which returns the product as computed. Now judged by the finite entries: with
+    ``check_finite=False`` the product comes back with NaN and Inf where NumPy's float32 product has them and
+    the other entries within ``(k + 2) eps`` of it norm-wise (Higham 2002, eq. 3.13, plus each operand's cast);
+    with the check on, the finite check names the operand and the entry; a finite entry beyond float32's range
+    beside it is still refused as a range problem, naming that entry's magnitude."""
+    from blocklin.errors import NonFiniteError, ParameterError
+
+    a, b = rng.standard_normal((9, 5)), rng.standard_normal((5, 4))
+    x = a if which == "a" else b
+    x[2, 3] = bad
+    got = bl.matmul(a, b, tmp_path / "c.zarr", precision="float32", check_finite=False).to_numpy()
+    ref = a.astype(np.float32) @ b.astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isposinf(got), np.isposinf(ref))
+    assert np.array_equal(np.isneginf(got), np.isneginf(ref)) and not np.isfinite(ref).all()
+    keep = np.isfinite(ref)
+    exact = a.astype(np.float32).astype(np.float64) @ b.astype(np.float32).astype(np.float64)
+    bound = 7 * np.finfo(np.float32).eps * np.linalg.norm(np.abs(np.nan_to_num(a, posinf=0, neginf=0)) @
+                                                          np.abs(np.nan_to_num(b, posinf=0, neginf=0)))
+    assert np.linalg.norm(got[keep] - exact[keep]) <= bound
+    with pytest.raises(NonFiniteError, match=rf"^{which}: must be finite .*at \[2, 3\]"):
+        bl.matmul(a, b, tmp_path / "d.zarr", precision="float32")
+    x[0, 0] = 1e300
+    with pytest.raises(ParameterError, match=rf"^precision: .*{which}'s entries must lie within float32's range .*"
+                       rf"max \|{which}\| = 1e\+300"):
+        bl.matmul(a, b, tmp_path / "e.zarr", precision="float32", check_finite=False)

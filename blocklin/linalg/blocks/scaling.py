@@ -460,6 +460,18 @@ def max_abs(op: Any, *, keep_nan: bool = False) -> float:
     return top
 
 
+def max_finite_abs(op: Any) -> float:
+    """``max |a_ij|`` over the finite entries of a stored operand (0 where none is): one pass over its rows by
+    bands, for a range check where ``check_finite=False`` keeps its NaN and Inf (they propagate as NumPy's;
+    a finite entry beyond the range would not)."""
+    top = 0.0
+    for _, block in _row_bands(op):
+        kept = block[np.isfinite(block)]
+        if kept.size:
+            top = max(top, float(kept.max()))
+    return top
+
+
 def _recorded_max_abs(op: Any) -> float | None:
     """``max |a_ij|`` of a stored operand from the peaks its writer recorded, where they are current and
     ``op`` is the whole stored array; None elsewhere."""

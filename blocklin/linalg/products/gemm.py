@@ -18,7 +18,8 @@ from blocklin.config import Settings
 from blocklin.device.pool import reusing
 from blocklin.errors import ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.scaling import max_abs, max_and_smallest_nonzero, narrow_range, range_refusal
+from blocklin.linalg.blocks.scaling import (max_abs, max_and_smallest_nonzero, max_finite_abs, narrow_range,
+                                           range_refusal)
 from blocklin.matrix import Matrix
 from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
 from blocklin.plan.rechunk import rechunk_advice
@@ -335,7 +336,7 @@ def product(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.
         A = job.operand(a, "a")
         op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
-        _check_narrow_range(op)
+        _check_narrow_range(op, job.check_finite)
         _check_c_range(op)
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
@@ -354,12 +355,14 @@ def product(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.
                       phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
 
 
-def _check_narrow_range(op: Gemm) -> None:
+def _check_narrow_range(op: Gemm, check_finite: bool = True) -> None:
     """``precision='float32'`` or ``'tf32'`` of float64 operands: refused where their entries, or the sums
     of ``k`` products of them, leave float32's range, which the cast and float32 arithmetic cannot hold
     (they had returned Inf, NaN or zeros where the float64 product is finite: found by a randomized
     search). A pass over each operand whose peaks are not recorded; nothing for the operands' own
-    precision."""
+    precision. An operand holding NaN or Inf is judged by its finite entries: with ``check_finite`` the
+    streaming check refuses it, naming the entry; without, the product is returned as computed (NaN and Inf
+    where NumPy's has them). Its Inf had been refused as a range problem, its cast said to overflow."""
     if op.compute.itemsize >= max(op.A.dtype.itemsize, op.B.dtype.itemsize):
         return
     low, high = narrow_range(op.compute)
@@ -370,7 +373,14 @@ def _check_narrow_range(op: Gemm) -> None:
            f"{op.compute.name}'s range (exact) and the result back")
     peaks = {}
     for name, x in (("a", op.A), ("b", op.B)):
-        peaks[name] = max_abs(x)
+        peaks[name] = max_abs(x, keep_nan=True)  # NaN kept: Python's max had dropped a NaN band's finite peak
+        if not np.isfinite(peaks[name]):
+            if check_finite:  # the streaming check refuses it naming the entry's position, not its range
+                peaks[name] = 0.0
+                continue
+            # check_finite=False: NaN and Inf go through as computed (NumPy's), a finite entry beyond the range
+            # is still refused (its cast would make an Inf the operand does not hold)
+            peaks[name] = max_finite_abs(x)
         refusal = range_refusal(peaks[name], op.compute, f"{computes}: {name}'s entries must lie", name, fix,
                                 param=param) if peaks[name] else None
         if refusal is not None:
