@@ -216,6 +216,30 @@ def test_triangular_solve_without_the_finite_check_names_a_nonfinite_t_not_a_sin
     assert_solve(x, sl.solve_triangular(t, np.ones((n, 1))), t)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("where", [(0, 35), (3, 30), (9, 20)], ids=["corner", "first tile row", "middle"])
+def test_lu_solve_with_the_finite_check_names_a_nonfinite_entry_of_u_off_its_diagonal_tiles(where, bad):
+    """``lu_solve`` with the finite check on and a NaN or Inf in ``U`` outside its diagonal tiles: the back
+    substitution read those tiles unchecked (the forward step reads ``L``'s triangle and the diagonal tiles
+    whole), and the NaN was refused as ``check_finite=False``'s guard refuses it, saying that option "skipped
+    the check", which was on. Now the tiles are checked as read: the refusal names ``lu`` and the entry's
+    position; with ``check_finite=False`` the guard's refusal stands, and a finite factor is solved."""
+    n = 40
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((n, n)) + n * np.eye(n)
+    lu, piv = sl.lu_factor(a)
+    f = lu.copy()
+    f[where] = bad
+    with pytest.raises(bl.errors.NonFiniteError, match=rf"^lu: must be finite \(check_finite is on\); got {bad} at "
+                       rf"\[{where[0]}, {where[1]}\]"):
+        bl.lu_solve((f, piv), np.ones((n, 2)), tile=8)
+    with pytest.raises(bl.errors.NonFiniteError, match=r"^lu: must be finite for a triangular solve .*check_finite="
+                       rf"False skipped the check.*got largest magnitude {bad}"):
+        bl.lu_solve((f, piv), np.ones((n, 2)), tile=8, check_finite=False)
+    x = bl.lu_solve((lu, piv), np.ones((n, 2)), tile=8).to_numpy()
+    assert_solve(x, sl.lu_solve((lu, piv), np.ones((n, 2))), a)
+
+
 @pytest.mark.parametrize("shape", [(4, 4), (3, 5)])
 def test_qr_without_the_finite_check_refuses_a_nan_that_stays_off_rs_diagonal(shape):
     """``check_finite=False``, ``A = 2 I`` with ``a_12 = NaN``: LAPACK's ``R`` is ``2 I`` with ``r_12 = NaN``,

@@ -215,8 +215,13 @@ def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overw
             else:
                 q1 = substitute_in_range(ops, st.T, freg, rhs, y, lower=lower1, trans=trans1, dtype=dt,
                                          check=job.check_finite, description=d1, name=name)
+            # LU: U's tiles off the diagonal are read here first (the forward step read L's triangle and the
+            # diagonal tiles whole): checked as read, or a NaN there was refused as one check_finite=False had
+            # let through; the Cholesky factor's second step reads the tiles its first checked. y is finite
+            # (the first step refuses a non-finite tile of it), so the check of it never fires
             q2 = substitute_in_range(ops, st.T, freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2,
-                                     trans=trans2, dtype=dt, check=False, description=d2, name=name)
+                                     trans=trans2, dtype=dt, check=job.check_finite and pivots is not None,
+                                     description=d2, name=name)
         except SingularMatrixError as err:
             if pivots is not None and ZERO_DIAGONAL not in str(err):
                 # check_finite=False: a NaN or Inf below U (in L, solved unscaled) had been named a singular U
