@@ -208,7 +208,7 @@ def loo_reference(a, b, lam, kw):
     if kw.get("fit_intercept"):
         h = h + w / w.sum()
     e = (bw - aw @ x) / (1 - h)[:, None]
-    return (np.abs(e) ** 2).sum(axis=0), float(np.min(1 - h))
+    return np.abs(e) ** 2, float(np.min(1 - h))
 
 
 @pytest.mark.filterwarnings("ignore:solve. the leave-one-out minimum sits at:UserWarning")
@@ -226,22 +226,25 @@ def test_loo_columns_apart(route, q):
     shape, kw = ROUTES[route]
     a, b = problem(shape, seed=15)
     q = np.array(q)
-    got = bl.solve(a, ldexp(b, q[None, :]), lam="loo", **kw)
+    got = bl.solve(a, ldexp(b, q[None, :]), lam="loo", store_cv_results=True, **kw)
     lam, curve = got.report["lam"], got.report["curve"]
     assert lam == bl.solve(a, ldexp(b[:, :1], int(q[0])), lam="loo", **kw).report["lam"]
     grid = np.asarray(curve["lam"])
-    ref, low = zip(*(loo_reference(a, b, g, kw) for g in grid))
-    ref0 = np.array([r[0] for r in ref])
+    rows, low = zip(*(loo_reference(a, b, g, kw) for g in grid))
+    rows = np.stack(rows, axis=2)  # m x k x L, as cv_results_
+    ref0 = rows[:, 0, :].sum(axis=0)
     s = np.linalg.svd(prepared(a, b, kw)[0], compute_uv=False)
     eps, c, big = np.finfo(np.float64).eps, 8, max(shape)
     tol = 2 * (c * big * eps * (s[0] ** 2 + grid ** 2) / (s[-1] ** 2 + grid ** 2) + c * big * eps) / np.array(low)
     i = curve["chosen_index"]
     assert ref0[i] <= np.min(ref0 * (1 + tol)) * (1 + tol[i]), (ref0[i], np.min(ref0))
     mse = np.ldexp(np.asarray(curve["loo"]), -2 * int(q[0])) * (2 * shape[0])  # the large column's sum
+    cv = np.ldexp(got.report["cv_results_"][:, 0, :], -2 * int(q[0]))  # each row's, the large column's
     if q[0] >= 512:  # the mean squared error of b as given, near 2^1200, overflows float64, as NumPy's would
-        assert np.all(np.isinf(mse))
+        assert np.all(np.isinf(mse)) and np.all(np.isinf(cv))
     else:
         assert np.all(np.abs(mse - ref0) <= tol * ref0), np.max(np.abs(mse - ref0) / ref0)
+        assert np.all(np.abs(cv - rows[:, 0, :]).sum(axis=0) <= tol * ref0)
     assert np.isclose(got.report["best_score_"], -curve["loo"][i], rtol=0, atol=0)
     check_block(np.asarray(got), got.report["residual_norm"], got.report["solution_norm"], *prepared(a, b, kw), q,
                 lam)
