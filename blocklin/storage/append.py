@@ -42,13 +42,8 @@ from blocklin.storage.location import Location
 from blocklin.storage.recorded_peaks import PeakTally, recordable, recorded, record as record_peaks
 from blocklin.storage.records import PENDING_RECORD
 from blocklin.storage.append_dtypes import append_dtype, check_exact
-from blocklin.storage.append_journal import JOURNAL
-from blocklin.storage.append_journal import check_not_busy as _check_not_busy
-from blocklin.storage.append_journal import exclusive as _exclusive
-from blocklin.storage.append_journal import interrupted_refusal as _interrupted_refusal
-from blocklin.storage.append_journal import matrix_location as _location
-from blocklin.storage.append_journal import read_journal as _journal
-from blocklin.storage.append_journal import source_stamp as _source_stamp
+from blocklin.storage.append_journal import (JOURNAL, check_not_busy, exclusive, interrupted_refusal, matrix_location,
+                                              read_journal, source_stamp)
 from blocklin.storage.sparse import is_sparse
 from blocklin.storage.sparse_append import append_sparse, rollback_sparse
 from blocklin.storage.stamps import file_stamps
@@ -63,7 +58,7 @@ PANEL_COPIES = 3
 def _target(a: Any, storage_options: dict | None) -> tuple[Location, dict]:
     """The matrix appended to and its metadata; refused unless it is a committed 2-D zarr v3 array
     blocklin wrote."""
-    loc = _location(a, storage_options)
+    loc = matrix_location(a, storage_options)
     be = backend(loc)
     meta = read_meta(loc)
     if meta is None:
@@ -260,8 +255,8 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
     if nan not in ("allow", "error"):
         raise ParameterError(explain("nan", "must be 'allow' or 'error'", repr(nan), "pass nan='error'"))
     cfg = resolve(memory=memory)
-    loc = _location(a, storage_options)
-    with _exclusive(loc):  # a second append here waits for this one
+    loc = matrix_location(a, storage_options)
+    with exclusive(loc):  # a second append here waits for this one
         if is_sparse(loc):  # a blocklin-csr group: its CSR arrays are extended (storage.sparse_append)
             return append_sparse(loc, rows, memory=cfg.memory, progress=progress, nan=nan, from_format=from_format,
                                  reader_options=reader_options)
@@ -276,9 +271,9 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
     loc, meta = _target(a, storage_options)
     m0, n = (int(s) for s in meta["shape"])
     chunks = chunk_grid(meta)
-    rec = _journal(loc)
+    rec = read_journal(loc)
     if rec is not None:
-        _check_not_busy(loc, rec)
+        check_not_busy(loc, rec)
     reader, what, src_loc = _rows_source(rows, n, from_format, reader_options)
     try:
         if src_loc is not None:
@@ -289,11 +284,11 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
                                              "copy the rows elsewhere first"))
         dt = _check_source(reader, meta, loc)
         p = int(reader.shape[0])
-        stamp = _source_stamp(src_loc)
+        stamp = source_stamp(src_loc)
         if rec is not None:  # an interrupted append: the same one is finished, any other refused
             if rec.get("from_rows") != m0 or rec.get("to_rows") != m0 + p or rec.get("source_stamp") != stamp or \
                     stamp is None:
-                raise _interrupted_refusal(loc, rec, stamp)
+                raise interrupted_refusal(loc, rec, stamp)
             chain = rec["versions"]
         else:
             chain = _versions_before(loc, meta)
@@ -435,8 +430,8 @@ def rollback(a: Any, *, storage_options: dict | None = None) -> dict:
     same version's (so results computed before stay updatable). Returns ``{"interrupted": whether an
     append was, "removed": chunk files removed, "rows": the matrix's rows}``.
     """
-    loc = _location(a, storage_options)
-    with _exclusive(loc):
+    loc = matrix_location(a, storage_options)
+    with exclusive(loc):
         if is_sparse(loc):
             return rollback_sparse(loc)
         return _rollback(a, storage_options)
@@ -444,10 +439,10 @@ def rollback(a: Any, *, storage_options: dict | None = None) -> dict:
 
 def _rollback(a: Any, storage_options: dict | None) -> dict:
     loc, meta = _target(a, storage_options)
-    rec = _journal(loc)
+    rec = read_journal(loc)
     if rec is None:
         return {"interrupted": False, "removed": 0, "rows": int(meta["shape"][0])}
-    _check_not_busy(loc, rec)
+    check_not_busy(loc, rec)
     m0, n = (int(s) for s in meta["shape"])
     ch = chunk_grid(meta)
     unchanged = _old_rows_unchanged(loc, meta, rec)  # before the chunks beyond are removed
