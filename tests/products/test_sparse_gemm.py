@@ -15,7 +15,7 @@ import scipy.sparse
 
 import blocklin as bl
 from blocklin.errors import BudgetError, DTypeError, ParameterError, ShapeError
-from support.tolerances import assert_gram, assert_product
+from support.tolerances import assert_gram, assert_product, eps
 
 
 def _sparse(m: int, n: int, seed: int, dtype=np.float64, density: float = 0.05) -> scipy.sparse.csr_matrix:
@@ -300,6 +300,73 @@ def test_a_sparse_product_below_the_normal_numbers_is_refused(stored, tmp_path, 
     ops = {"S B": (z64, b64), "S^T B": (z64.T, b64), "X S": (b64.T, z64)}[product]
     assert_product(got.to_numpy(), ref, *ops, dtype=dtype)
     bl.matmul(*args, memory="1MiB", check_finite=False, **kw)  # unchecked: as computed
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("product", ["S B", "S^T B", "X S", "X S^T"])
+def test_a_sparse_product_of_few_entries_per_row_below_the_normal_numbers_is_refused(tmp_path, product, dtype):
+    """Rows (columns, for ``S^T B``) of 2 entries out of ``k = 4096``: ``k max|s| max|b|`` reaches the normal
+    numbers, but every entry is a sum of 2 terms, below ``2 max|s| max|b| < 2^minexp``, so the product was a
+    matrix of subnormals of few digits, returned without a word (float64 near ``2^-1034``, ``1e-12`` off, up to
+    ``8e-11``; float32 near ``2^-138``, ``5e-4``, up to ``1.5e-2``), against the reference computed on operands scaled by exact powers of
+    two. Refused now by the bound of the most entries of a row (column), naming the scalings, which give the
+    product within the usual bound; ``check_finite=False`` keeps it as computed."""
+    import re
+
+    fi = np.finfo(dtype)
+    es, eb = fi.minexp // 2 - 1, fi.minexp // 2 - 13  # max|s| max|b| near 2^(minexp - 12), k = 2^12
+    rng = np.random.default_rng(21)
+    rows = np.repeat(np.arange(64), 2)
+    p = scipy.sparse.csr_matrix((rng.uniform(1, 2, 128) * rng.choice([-1, 1], 128), (rows, np.arange(128) * 32)),
+                                shape=(64, 4096))  # 2 entries a row, 1 a column: the 2 a row of S or of S^T
+    y = (p if product in ("S B", "X S^T") else p.T.tocsr()).astype(dtype)
+    y.data = np.ldexp(y.data, es).astype(dtype)
+    s = bl.from_sparse(y, tmp_path / "y.zarr")
+    dense = np.ldexp(rng.standard_normal((4096, 3)), eb).astype(dtype)
+    args = {"S B": (s, dense), "S^T B": (s, dense), "X S": (dense.T, s), "X S^T": (dense.T, s)}[product]
+    kw = {"S^T B": {"trans_a": True}, "X S^T": {"trans_b": True}}.get(product, {})
+    y64, d64 = np.ldexp(y.astype(np.float64).toarray(), -es), np.ldexp(dense.astype(np.float64), -eb)
+    ops = {"S B": (y64, d64), "S^T B": (y64.T, d64), "X S": (d64.T, y64), "X S^T": (d64.T, y64.T)}[product]
+    ref = ops[0] @ ops[1]  # the product times 2^-(es + eb), exact but for float64's rounding
+    k = ops[0].shape[1]
+    assert k == 4096 and k * np.abs(y64).max() * np.abs(d64).max() * 2.0 ** (es + eb) >= fi.tiny
+    with np.errstate(under="ignore"):
+        unchecked = bl.matmul(*args, memory="1MiB", check_finite=False, **kw).to_numpy()
+    assert np.abs(unchecked).max() < fi.tiny
+    # an entry's error bound, 2 terms summed: |c - fl(c)| <= gamma_2 |s|^T |b| (Higham 2002, eq. 3.5), doubled,
+    # in the scaled units; underflow adds up to 2^(minexp - nmant - 1) per term, ~2^9 (float32: 2^11) times it
+    bound = 2 * 2 * eps(dtype) * (np.abs(ops[0]) @ np.abs(ops[1]))
+    assert (np.abs(np.ldexp(unchecked.astype(np.float64), -(es + eb)) - ref) > bound).any()  # what had come back
+    with pytest.raises(ParameterError, match=rf"^a: must give a product within {fi.dtype.name}'s normal range .*"
+                                             r"got a product whose entries are all below 2\^-\d+ \(c max \|s\| "
+                                             r"max \|b\| below 2\^-\d+, c = 2 entries at most in a "
+                                             rf"{'row' if product in ('S B', 'X S^T') else 'column'} of s "
+                                             r"\(k = 4096\)\)") as err:
+        bl.matmul(*args, tmp_path / "c.zarr", memory="1MiB", **kw)
+    assert not (tmp_path / "c.zarr").exists() and not list(tmp_path.glob(".c.zarr*"))
+    pa, pb, q = (int(g) for g in re.search(r"sparse matrix by 2\^(\d+) .*dense operand by 2\^(\d+) .*then "
+                                           r"2\^(\d+) times", str(err.value)).groups())
+    z = y.copy()
+    z.data = np.ldexp(y.data, pa)
+    zs, dz = bl.from_sparse(z, tmp_path / "z.zarr"), np.ldexp(dense, pb)
+    got = bl.matmul(*({"S B": (zs, dz), "S^T B": (zs, dz), "X S": (dz.T, zs), "X S^T": (dz.T, zs)}[product]),
+                    memory="1MiB", **kw).to_numpy()
+    # the scaled product is 2^(q + es + eb) times ref, a power of two within range: the bounds hold
+    assert np.all(np.abs(np.ldexp(got.astype(np.float64), -(q + es + eb)) - ref) <= bound)
+    assert_product(np.ldexp(got.astype(np.float64), -(q + es + eb)), ref, *ops, dtype=dtype)
+
+
+def test_a_sparse_product_that_merely_cancels_below_the_normal_numbers_is_kept(tmp_path):
+    """Rows whose 2 normal terms cancel to 0 or to a subnormal: the bound ``c max|s| max|b|`` reaches the
+    normal numbers, so the product is kept, exact here (a difference of two normal numbers within a factor 2
+    of each other is exact, Sterbenz)."""
+    fi = np.finfo(np.float64)
+    h = fi.minexp // 2 + 1
+    y = scipy.sparse.csr_matrix(np.array([[2.0 ** h, -2.0 ** h, 0, 0], [0, 0, 2.0 ** h, -2.0 ** h]]))
+    s = bl.from_sparse(y, tmp_path / "y.zarr")
+    b = np.array([[2.0 ** h * (1 + fi.eps)], [2.0 ** h], [2.0 ** h], [2.0 ** h]])
+    got = bl.matmul(s, b, tmp_path / "c.zarr", memory="1MiB").to_numpy()
+    assert np.array_equal(got, np.array([[np.ldexp(1.0, 2 * h - fi.nmant)], [0.0]]))
 
 
 def test_a_sparse_gram_whose_sums_overflow_is_refused(tmp_path):

@@ -555,10 +555,14 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
 
 def _check_normal_range(s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype, results: list, out: Any) -> None:
     """Refuse a product whose every entry ``S`` and ``B`` put below ``dt``'s normal numbers:
-    ``k max |s| max |b|`` below ``2^minexp`` (:mod:`~blocklin.linalg.products.below_normal`: entries near
-    ``2^-600`` had given a zero product, silently). The tiles' largest entries say whether to look (the
-    output is read where a resumed run skipped tiles); then one read of ``S``'s values and a pass over ``B``
-    whose peaks are not recorded, on that path only."""
+    ``c max |s| max |b|`` below ``2^minexp``, ``c`` the most stored entries of a row of ``S`` (``S B``) or of
+    a column (``S^T B``), the terms an output entry sums (:mod:`~blocklin.linalg.products.below_normal`:
+    entries near ``2^-600`` had given a zero product, silently; the bound had been ``k max |s| max |b|``, ``k``
+    the inner dimension, which let a product of rows of 2 entries out of ``k = 4096`` return subnormals of few
+    digits, silently: near ``2^-1034`` ``1e-12`` off, up to ``8e-11``; float32 near ``2^-138`` ``5e-4``, up to
+    ``1.5e-2``). The tiles' largest entries say whether to look (the output is
+    read where a resumed run skipped tiles); then one read of ``S``'s values with its row offsets (``m + 1``)
+    or column indices (``nnz``), and a pass over ``B`` whose peaks are not recorded, on that path only."""
     from blocklin.linalg.blocks.scaling import max_abs
     from blocklin.linalg.products.below_normal import refusal, shortfall, split_power
 
@@ -575,26 +579,44 @@ def _check_normal_range(s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype
     if not top < float(np.finfo(dt).tiny):
         return
     k = plan.n if plan.op == "SB" else plan.m
-    found = shortfall([(lambda: float(k), lambda: _sparse_max_abs(s), lambda: max_abs(B))], dt)
+    side = "row" if plan.op == "SB" else "column"
+    peak, count = _sparse_peak_and_count(s, columns=plan.op != "SB")
+    found = shortfall([(lambda: float(count), lambda: peak, lambda: max_abs(B))], dt)
     if found is None:
         return
     e, p = found
     pa, pb = split_power(p)
-    raise refusal("a", dt, e, p, f"k max |s| max |b| below 2^{e}, k = {k}",
+    raise refusal("a", dt, e, p, f"c max |s| max |b| below 2^{e}, c = {count} entries at most in a {side} of s "
+                  f"(k = {k})",
                   f"scale the sparse matrix by 2^{pa} (x.data = numpy.ldexp(x.data, {pa}), then "
                   f"blocklin.from_sparse(x, ...)) and the dense operand by 2^{pb} (numpy.ldexp: exact): the product "
                   f"is then 2^{p} times this one, within range")
 
 
-def _sparse_max_abs(s: SparseOperand) -> float:
-    """``max |s_ij|`` of a stored sparse matrix: its values read in pieces of a million."""
-    data = SparseStore(s.path).data
+def _sparse_peak_and_count(s: SparseOperand, *, columns: bool) -> tuple[float, int]:
+    """``max |s_ij|`` of a stored sparse matrix and the most stored entries of one of its rows (of its columns
+    with ``columns``): its ``nnz`` values read in pieces of a million, with its row offsets (``m + 1``) or,
+    for ``columns``, its column indices beside them (``nnz``, counted into ``n`` totals)."""
+    from blocklin.storage.zarr_store import read_vector
+
+    st = SparseStore(s.path)
     step, top = 1 << 20, 0.0
-    for a in range(0, int(data.shape[0]), step):
-        v = np.asarray(data[a:a + step])
+    m, n = st.shape
+    counts = np.zeros(n, np.int64) if columns else None
+    for a in range(0, st.nnz, step):  # the attributes' nnz: an unfinished append may leave more stored
+        b = min(st.nnz, a + step)
+        v = read_vector(st.data, a, b)
         if v.size:
             top = max(top, float(np.max(np.abs(v))))
-    return top
+        if counts is not None:
+            counts += np.bincount(read_vector(st.indices, a, b).astype(np.int64, copy=False), minlength=n)
+    if counts is not None:
+        return top, int(counts.max(initial=0))
+    most = 0
+    for r in range(0, m, step):
+        ptr = read_vector(st.indptr, r, min(m, r + step) + 1).astype(np.int64, copy=False)
+        most = max(most, int(np.diff(ptr).max(initial=0)))
+    return top, most
 
 
 def _product_name(trans_a: bool, dense_left: bool, trans_dense: bool) -> str:
