@@ -215,6 +215,48 @@ def test_a_product_update_beyond_the_range_is_refused(tmp_path):
     assert np.array_equal(bl.open(tmp_path / "C.zarr").to_numpy(), c)
 
 
+@pytest.mark.parametrize("dtype,e", [(np.float64, -530), (np.float32, -70)])
+def test_a_product_update_below_the_normal_numbers_is_refused(tmp_path, dtype, e):
+    """``A^T B`` of old rows that give exact zeros (``A``'s are zero), then rows near ``2^-530`` (float32
+    ``2^-70``) appended to both: ``|alpha| k max|a| max|b| + max|c|`` of the update is below ``2^minexp``, so
+    every entry is a subnormal of few digits. The update had returned them without a word (``2e-5`` off in
+    float64, ``6e-4`` in float32, norm-wise, against the reference on operands scaled by exact powers of two),
+    where ``matmul`` of the grown inputs refuses: the update refuses as it does, the stored result left as it
+    was; ``check_finite=False`` keeps it as computed (outside the bound); the scalings it names, applied to all
+    of ``a`` and ``b``, give the product within the usual bound."""
+    import re
+
+    rng = np.random.default_rng(13)
+    a, b = np.zeros((60, 9), dtype), np.ldexp(rng.standard_normal((60, 7)), e).astype(dtype)
+    pa = bl.from_array(a, tmp_path / "A.zarr", chunks=(32, 9))
+    pb = bl.from_array(b, tmp_path / "B.zarr", chunks=(32, 7))
+    c = bl.matmul(pa.path, pb.path, tmp_path / "C.zarr", trans_a=True).to_numpy()
+    assert not c.any()
+    a2, b2 = (np.ldexp(rng.standard_normal((10, w)), e).astype(dtype) for w in (9, 7))
+    bl.append(pa.path, a2)
+    bl.append(pb.path, b2)
+    A, B = np.vstack([a, a2]), np.vstack([b, b2])
+    with pytest.raises(ParameterError, match=r"^a: must give a product within \w+'s normal range"):
+        bl.matmul(pa.path, pb.path, trans_a=True)  # the product of the grown inputs
+    with pytest.raises(ParameterError, match=rf"^a: must give a product within {np.dtype(dtype).name}'s normal "
+                                             r"range .*got a product whose entries are all below 2\^-\d+ .*a and b: "
+                                             r"the appended rows, c: the stored result.*Fix: the stored result is "
+                                             r"unchanged; scale all of a by 2\^\d+") as err:
+        bl.update(tmp_path / "C.zarr")
+    assert np.array_equal(bl.open(tmp_path / "C.zarr").to_numpy(), c)
+    a64, b64 = np.ldexp(A.astype(np.float64), -e), np.ldexp(B.astype(np.float64), -e)  # A^T B = 2^(2e) a64^T b64
+    with np.errstate(under="ignore"):
+        unchecked = bl.update(tmp_path / "C.zarr", check_finite=False).to_numpy()
+    with pytest.raises(AssertionError):  # what had come back
+        _check_product(np.ldexp(unchecked.astype(np.float64), -2 * e), a64, b64, dtype)
+    ea, eb, p = (int(g) for g in re.search(r"a by 2\^(\d+) and b by 2\^(\d+) .*then 2\^(\d+) times",
+                                           str(err.value)).groups())
+    assert ea + eb == p
+    sa, sb = np.ldexp(A, ea), np.ldexp(B, eb)  # exact: normal numbers, and so are these
+    got = bl.matmul(sa, sb, tmp_path / "C.zarr", trans_a=True, overwrite=True).to_numpy()
+    _check_product(np.ldexp(got.astype(np.float64), -(p + 2 * e)), a64, b64, dtype)
+
+
 def test_products_that_grow_or_add_c_are_refused(tmp_path):
     a, path = _stored(tmp_path)
     ab = bl.matmul(path, np.ones((40, 2)), tmp_path / "AB.zarr")

@@ -464,7 +464,7 @@ def _overflow_refusal(op: Gemm, fix: str | None = None) -> ParameterError:
 
 
 def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | None, fix: str | None = None, *,
-                       below_normal: bool = False) -> None:
+                       below_normal: bool = False, recompute: str | None = None) -> None:
     """Refuse (:func:`_overflow_refusal`) an output of finite operands that holds Inf or NaN, where the job
     checks for them: from the tiles' peaks where every tile gave them, else by reading the output once
     (a resumed run skipped tiles whose markers kept no peaks: their sums had gone unchecked, and a
@@ -472,7 +472,9 @@ def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | Non
 
     ``below_normal``: refuse too (:func:`_check_normal_range`) an output whose every entry the operands put
     below the normal numbers (:func:`matmul`'s; blocklin's own products of data it scaled, or whose accuracy
-    it states, as ``lstsq``'s ``A x`` of subnormal data, keep it)."""
+    it states, as ``lstsq``'s ``A x`` of subnormal data, keep it). ``recompute``: ``op`` is an update's, of the
+    appended rows with the stored result as ``C``; the refusal's fix scales the whole of ``a`` and ``b`` and
+    recomputes as this says."""
     if not job.check_finite:
         return
     if peaks is not None and peaks.complete:
@@ -491,15 +493,17 @@ def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | Non
     if not np.isfinite(top):
         raise _overflow_refusal(op, fix)
     if below_normal and top < float(np.finfo(op.dtype).tiny) and min(op.shape) > 0:
-        _check_normal_range(op)
+        _check_normal_range(op, recompute)
 
 
-def _check_normal_range(op: Gemm) -> None:
+def _check_normal_range(op: Gemm, recompute: str | None = None) -> None:
     """Refuse an output whose every entry lies below the output dtype's normal numbers because the operands
     put it there: ``|alpha| k max |a| max |b| + |beta| max |c|`` below ``2^minexp``
     (:mod:`~blocklin.linalg.products.below_normal`; operands near ``2^-600`` had given a zero product, near
     ``2^-530`` one ``3e-5`` off, silently, where ``gram`` refuses). Called where the output's largest entry
-    is below it: a pass over each operand whose peaks are not recorded, on that path only."""
+    is below it: a pass over each operand whose peaks are not recorded, on that path only. ``recompute``: see
+    :func:`check_output_range` (an update of a product whose old rows gave exact zeros had returned the
+    appended rows' product as subnormals of few digits, silently)."""
     k = op.A.shape[0] if op.trans_a else op.A.shape[1]
     terms = [(lambda: abs(op.alpha), lambda: float(k), lambda: max_abs(op.A), lambda: max_abs(op.B))]
     if op.C is not None:
@@ -509,11 +513,16 @@ def _check_normal_range(op: Gemm) -> None:
         return
     e, p = found
     pa, pb = split_power(p)
+    bound = f"|alpha| k max |a| max |b|{' + |beta| max |c|' if op.C is not None else ''} below 2^{e}, k = {k}"
+    if recompute is not None:
+        raise below_normal_refusal(
+            "a", op.dtype, e, p, f"{bound}; a and b: the appended rows, c: the stored result",
+            f"the stored result is unchanged; scale all of a by 2^{pa} and b by 2^{pb} (numpy.ldexp(a, {pa}): exact) "
+            f"and {recompute}: the product is then 2^{p} times this one, within range")
     also = f" and c by 2^{p}" if op.C is not None else ""
     raise below_normal_refusal(
-        "a", op.dtype, e, p, f"|alpha| k max |a| max |b|{' + |beta| max |c|' if op.C is not None else ''} below "
-        f"2^{e}, k = {k}", f"scale a by 2^{pa} and b by 2^{pb}{also} (numpy.ldexp(a, {pa}): exact): the product is "
-        f"then 2^{p} times this one, within range; alpha does not help (it is applied to the sums)")
+        "a", op.dtype, e, p, bound, f"scale a by 2^{pa} and b by 2^{pb}{also} (numpy.ldexp(a, {pa}): exact): the "
+        f"product is then 2^{p} times this one, within range; alpha does not help (it is applied to the sums)")
 
 
 def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,

@@ -64,9 +64,12 @@ def update_matmul(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
     # (an update had returned Inf where the same product computed afresh is refused)
     tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None
     op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally)
+    # and the appended rows' product below the normal numbers, as matmul refuses it (an update had returned
+    # it as subnormals of few digits where the stored result was zero)
+    recompute = "recompute: rerun blocklin gemm (bl.matmul) on the scaled inputs with --overwrite"
     check_output_range(job, op, ao.array_path(), tally, fix=(
-        "the stored result is unchanged; scale a or b by a power of two (exact) and recompute: rerun blocklin gemm "
-        "(bl.matmul) on the scaled inputs with --overwrite"))
+        f"the stored result is unchanged; scale a or b by a power of two (exact) and {recompute}"),
+        below_normal=True, recompute=recompute)
     report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path))
     report["updated"] = {"input": ga.url, "rows_before": ga.old_rows, "rows": ga.rows,
                          "rows_read": ga.rows - ga.old_rows, "how": "exact: the new rows' product added to the "
