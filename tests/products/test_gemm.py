@@ -406,6 +406,46 @@ def test_a_product_below_the_normal_numbers_is_refused_with_the_scaling_that_fit
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_product_below_the_normal_numbers_by_its_recorded_column_peaks_is_refused(tmp_path, dtype):
+    """A stored ``a`` (64 x 64) whose column 0 is near ``2^(minexp/2)`` and the others ``2^8`` below, its column
+    peaks recorded by its writer: ``k max|a| max|b|`` reaches the normal numbers, but ``sum_l max_i |a_il|
+    max|b|`` does not, so every entry lies below them, each of the 64 terms rounded to the subnormals'
+    spacing: the product had come back ``6x`` (float32 ``2.6x``) past ``64 eps |A||B|`` entry by entry, against
+    the reference on operands scaled by exact powers of two, without a word. Refused now by the recorded peaks'
+    bound (no pass over ``a``), with the scalings that give the product within the usual bound."""
+    import re
+
+    from blocklin.errors import ParameterError
+    from support.tolerances import assert_product, eps
+
+    fi = np.finfo(dtype)
+    rng = np.random.default_rng(3)
+    ea, eb = fi.minexp // 2 - 1, fi.minexp // 2 - 5
+    a = np.ldexp(rng.uniform(1, 2, (64, 64)) * rng.choice([-1, 1], (64, 64)), ea - 8)
+    a[:, 0] = np.ldexp(a[:, 0], 8)
+    a, b = a.astype(dtype), np.ldexp(rng.standard_normal((64, 3)), eb).astype(dtype)
+    stored = bl.from_array(a, tmp_path / "a.zarr")
+    a64, b64 = np.ldexp(a.astype(np.float64), -ea), np.ldexp(b.astype(np.float64), -eb)
+    assert 64 * np.abs(a64).max() * np.abs(b64).max() * 2.0 ** (ea + eb) >= fi.tiny  # the k bound reaches it
+    ref = a64 @ b64  # the product times 2^-(ea + eb)
+    bound = 64 * eps(dtype) * (np.abs(a64) @ np.abs(b64))  # twice gamma_64 |A||B|, entry by entry
+    with np.errstate(under="ignore"):
+        unchecked = bl.matmul(stored.path, b, check_finite=False)[...]
+    assert (np.abs(np.ldexp(unchecked.astype(np.float64), -(ea + eb)) - ref) > bound).any()  # what had come back
+    with pytest.raises(ParameterError, match=rf"^a: must give a product within {fi.dtype.name}'s normal range .*"
+                                             r"\(\|alpha\| sum_l max_i \|a_il\| max \|b\| \(a's recorded peaks\) "
+                                             r"below 2\^-\d+, k = 64\)") as err:
+        bl.matmul(stored.path, b, tmp_path / "c.zarr")
+    assert not (tmp_path / "c.zarr").exists()
+    pa, pb, p = (int(g) for g in re.search(r"scale a by 2\^(\d+) and b by 2\^(\d+) .*then 2\^(\d+) times",
+                                           str(err.value)).groups())
+    got = bl.matmul(np.ldexp(a, pa), np.ldexp(b, pb))[...]
+    scaled = np.ldexp(got.astype(np.float64), -(p + ea + eb))
+    assert np.all(np.abs(scaled - ref) <= bound)
+    assert_product(scaled, ref, a64, b64, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_a_product_that_merely_cancels_below_the_normal_numbers_is_kept(tmp_path, dtype):
     """The refusal of a product below the normal numbers is the operands' bound's (``|alpha| k max|a| max|b|
     + |beta| max|c|`` below 2^minexp), never the output's alone: sums of normal terms that cancel to a

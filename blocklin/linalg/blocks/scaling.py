@@ -476,15 +476,38 @@ def _recorded_max_abs(op: Any) -> float | None:
     """``max |a_ij|`` of a stored operand from the peaks its writer recorded, where they are current and
     ``op`` is the whole stored array; None elsewhere."""
     from blocklin.storage.recorded_peaks import recorded
+
+    whole, shape = _whole_stored(op)
+    if whole:
+        rec = recorded(op.path, shape, column_peaks=False)
+        if rec is not None:
+            return float(rec.amax)
+    return None
+
+
+def recorded_line_peaks(op: Any, *, rows: bool) -> np.ndarray | None:
+    """Each stored row's (``rows``) or column's ``max |a_ij|`` of a real stored matrix from the peaks its writer
+    recorded, where they are current, of that side (a writer records the short side's) and ``op`` is the whole
+    stored array; None elsewhere (complex data's record holds ``max(|Re|, |Im|)``, not ``|a_ij|``). No pass:
+    the record's file of one float64 per line."""
+    from blocklin.storage.recorded_peaks import recorded
+
+    whole, shape = _whole_stored(op)
+    if not whole or shape is None or np.dtype(op.dtype).kind != "f":
+        return None
+    rec = recorded(op.path, shape, column_peaks=True, transposed=rows)
+    return None if rec is None or rec.columns is None else np.asarray(rec.columns, np.float64)
+
+
+def _whole_stored(op: Any) -> tuple[bool, tuple[int, int] | None]:
+    """Whether ``op`` is the whole of its stored array (not a row range), and that array's 2-D shape (None for a
+    vector)."""
     from blocklin.storage.zarr_store import open_cached
 
     n = int(op.shape[0]) if len(op.shape) else 0
     arr = open_cached(op.path, "r")
-    if int(getattr(op, "first_row", 0)) == 0 and n == arr.shape[0]:
-        rec = recorded(op.path, tuple(arr.shape) if arr.ndim == 2 else None, column_peaks=False)
-        if rec is not None:
-            return float(rec.amax)
-    return None
+    return (int(getattr(op, "first_row", 0)) == 0 and n == arr.shape[0],
+            tuple(int(x) for x in arr.shape) if arr.ndim == 2 else None)
 
 
 def max_and_smallest_nonzero(op: Any) -> tuple[float, float]:

@@ -7,7 +7,9 @@ spacing ``2^(minexp - nmant)``, so the result keeps few digits (``3e-11`` relati
 
 The rule refused is the one the data fix: every entry of the exact product is below the normal numbers
 wherever ``|alpha| k max |a| max |b| + |beta| max |c| < 2^minexp`` (each term of a sum of ``k`` is at most
-``max |a| max |b|`` in magnitude). Only then: with underflow the model of floating-point arithmetic gains an
+``max |a| max |b|`` in magnitude), or where a tighter rigorous bound on every ``|c_ij|`` is: a sparse operand's
+``c max |s| max |b|``, ``c`` the most stored entries of a row or column (the terms an entry sums), and a dense
+operand's ``sum_l max_i |a_il| max |b|`` from the column peaks its writer recorded. Only then: with underflow the model of floating-point arithmetic gains an
 absolute error of at most half the smallest subnormal, ``u 2^minexp``, per product (Higham 2002, sec. 2.1,
 eq. 2.8; sums of subnormals are exact), so an entry's error grows by at most ``k u 2^minexp``, within the
 norm-wise bound ``gamma_k |alpha| |A||B|`` wherever that bound reaches the normal numbers. A product whose

@@ -8,6 +8,8 @@ product inside a job that another operation already runs (the wide regularized s
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 from collections.abc import Callable
 from typing import Any, Unpack
@@ -19,7 +21,7 @@ from blocklin.device.pool import reusing
 from blocklin.errors import ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.scaling import (max_abs, max_and_smallest_nonzero, max_finite_abs, narrow_range,
-                                           range_refusal)
+                                           range_refusal, recorded_line_peaks)
 from blocklin.matrix import Matrix
 from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
 from blocklin.plan.rechunk import rechunk_advice
@@ -498,22 +500,39 @@ def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | Non
 
 def _check_normal_range(op: Gemm, recompute: str | None = None) -> None:
     """Refuse an output whose every entry lies below the output dtype's normal numbers because the operands
-    put it there: ``|alpha| k max |a| max |b| + |beta| max |c|`` below ``2^minexp``
+    put it there: ``|alpha| k max |a| max |b| + |beta| max |c|`` below ``2^minexp``, or the same with
+    ``k max |a|`` as ``sum_l max_i |a_il|`` where a's writer recorded those peaks (``b``'s likewise), free and
+    tighter where a few lines hold the large entries
     (:mod:`~blocklin.linalg.products.below_normal`; operands near ``2^-600`` had given a zero product, near
     ``2^-530`` one ``3e-5`` off, silently, where ``gram`` refuses). Called where the output's largest entry
     is below it: a pass over each operand whose peaks are not recorded, on that path only. ``recompute``: see
     :func:`check_output_range` (an update of a product whose old rows gave exact zeros had returned the
     appended rows' product as subnormals of few digits, silently)."""
     k = op.A.shape[0] if op.trans_a else op.A.shape[1]
-    terms = [(lambda: abs(op.alpha), lambda: float(k), lambda: max_abs(op.A), lambda: max_abs(op.B))]
-    if op.C is not None:
-        terms.append((lambda: abs(op.beta), lambda: max_abs(op.C)))
-    found = shortfall(terms, op.dtype)
-    if found is None:
+    peak_a, peak_b = functools.cache(lambda: max_abs(op.A)), functools.cache(lambda: max_abs(op.B))
+    # |op(A) op(B)|_ij <= sum_l |a_il| |b_lj|, at most k max |a| max |b|, and at most sum_l max_i |a_il| times
+    # max |b| (or the mirror) where a writer recorded op(A)'s peaks along the inner index: no pass, and tighter
+    # where a few lines hold the large entries (fsum: one rounding, within the shortfall's margin)
+    bounds = [("k max |a| max |b|", (lambda: float(k), peak_a, peak_b))]
+    lines_a = recorded_line_peaks(op.A, rows=op.trans_a)
+    if lines_a is not None:
+        bounds.append(("sum_l max_i |a_il| max |b| (a's recorded peaks)", (lambda: math.fsum(lines_a), peak_b)))
+    lines_b = recorded_line_peaks(op.B, rows=not op.trans_b)
+    if lines_b is not None:
+        bounds.append(("max |a| sum_l max_j |b_lj| (b's recorded peaks)", (peak_a, lambda: math.fsum(lines_b))))
+    best = None
+    for what, factors in bounds:
+        terms = [(lambda: abs(op.alpha), *factors)]
+        if op.C is not None:
+            terms.append((lambda: abs(op.beta), lambda: max_abs(op.C)))
+        found = shortfall(terms, op.dtype)
+        if found is not None and (best is None or found[0] < best[1][0]):
+            best = what, found
+    if best is None:
         return
-    e, p = found
+    what, (e, p) = best
     pa, pb = split_power(p)
-    bound = f"|alpha| k max |a| max |b|{' + |beta| max |c|' if op.C is not None else ''} below 2^{e}, k = {k}"
+    bound = f"|alpha| {what}{' + |beta| max |c|' if op.C is not None else ''} below 2^{e}, k = {k}"
     if recompute is not None:
         raise below_normal_refusal(
             "a", op.dtype, e, p, f"{bound}; a and b: the appended rows, c: the stored result",
