@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from blocklin.errors import BudgetError, DTypeError, ParameterError, explain
+from blocklin.storage import input_guard
 from blocklin.storage.location import as_location
 from blocklin.storage.sparse import SparseStore
 
@@ -77,6 +78,10 @@ class SparseMatrix:
     def __init__(self, path: Any, *, storage_options: dict | None = None) -> None:
         self.location = as_location(path, storage_options)
         self.path = self.location.url
+        #: the group's content stamp before the handle's first read (its attributes and row blocks, read
+        #: here): every run that reads through the handle takes it, so a rewrite after the open is refused
+        #: (:mod:`blocklin.storage.input_guard`)
+        self.stamp = input_guard.opened(self.location)
         self._store = SparseStore(self.location)
 
     # -- metadata --------------------------------------------------------------------------------
@@ -293,7 +298,10 @@ class SparseOperator(_operator_base()):
         job = current_job()  # inside an operation: its groups of row blocks run as the job's tasks
         if job is not None:
             return sparse_product(job, self.matrix, x, transposed, self.dtype, offdiagonal=self.offdiagonal)
-        return product_in_process(self.matrix._store, x, transposed, self.dtype, offdiagonal=self.offdiagonal)
+        # a run of its own, checked against the stamp of the matrix's open: a rewrite during this product
+        # or since the last (a SciPy solver's steps) is refused, not multiplied
+        with input_guard.run_reading(self.matrix.location, self.matrix.stamp, "the product"):
+            return product_in_process(self.matrix._store, x, transposed, self.dtype, offdiagonal=self.offdiagonal)
 
     def normal_matmat(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """``(S X, S^T S X)`` in one sweep over ``S``'s row blocks where the running job holds them

@@ -22,9 +22,11 @@ from scipy.sparse.linalg import LinearOperator
 from blocklin.config import Settings, check_settings, resolve
 from blocklin.errors import DTypeError, ShapeError, explain
 from blocklin.linalg.blocks.tall_kernels import apply_kernel, rmat_kernel
-from blocklin.operands import as_operand, cast_integers
+from blocklin.operands import as_operand, cast_integers, stored_location
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
+from blocklin.storage import input_guard
+from blocklin.storage.location import Location
 from blocklin.validate import float_operand
 
 
@@ -41,8 +43,12 @@ class BlocklinOperator(LinearOperator):
         Bytes read from ``A`` so far.
     """
 
-    def __init__(self, operand: Any, stack: contextlib.ExitStack, settings: dict) -> None:
+    def __init__(self, operand: Any, stack: contextlib.ExitStack, settings: dict, *,
+                 stored: Location | None = None, stamp: dict | None = None) -> None:
         self._op = operand
+        #: the stored matrix and its stamp taken before the operator opened it: every product's run takes
+        #: it, so a rewrite during a product or between two (a SciPy solver's steps) is refused
+        self._stored, self._stamp = stored, stamp
         self._stack = stack
         self._settings = settings
         self.path = operand.path
@@ -77,6 +83,7 @@ class BlocklinOperator(LinearOperator):
             x2 = np.ascontiguousarray(x2.conj())
         c = x2.shape[1]
         with Job("operator", **self._settings) as job:
+            job.stamp_input(self._stored, self._stamp)
             if transpose:
                 states, _ = run_pass(job, rmat_kernel, [source(op)], {"Y": x2, "n": n, "check": False},
                                      description="rmatmat")
@@ -158,6 +165,9 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     check_settings(settings)
     cfg = resolve(**{k: v for k, v in settings.items() if k != "progress"})
     stack = contextlib.ExitStack()
+    # stamped before the operand is opened; a staged copy (in-memory data, integers cast) is the operator's own
+    stored = stored_location(a, cfg)
+    stamp = input_guard.opened(stored) if stored is not None else None
     try:
         op = cast_integers(as_operand(a, "a", cfg, stack), cfg, stack)  # as numpy.linalg casts integers
     except BaseException:
@@ -168,4 +178,6 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     except DTypeError:
         stack.close()
         raise
-    return BlocklinOperator(op, stack, settings)
+    if op.staged:
+        stored = stamp = None
+    return BlocklinOperator(op, stack, settings, stored=stored, stamp=stamp)

@@ -248,18 +248,19 @@ class Job:
         self.operand_dtypes.add(np.dtype(op.dtype))  # the roofline's arithmetic where no report names it
         return op
 
-    def stamp_input(self, loc: Location | None) -> None:
+    def stamp_input(self, loc: Location | None, taken: dict | None = None) -> None:
         """Stamp the stored input ``loc`` before the run first reads it (:class:`~blocklin.storage.input_guard.RunInputs`:
-        one listing per input per run): checked before the run's value is returned, or at its outputs'
-        commits. Not this run's own work (the temp dir's ``blocklin-*`` folders: staged copies,
-        intermediates, temporary results) nor its outputs."""
+        one listing per input per run; ``taken``: the stamp its handle took when it opened it, before
+        the handle's first read, :func:`~blocklin.storage.input_guard.opened`): checked before the run's
+        value is returned, or at its outputs' commits. Not this run's own work (the temp dir's
+        ``blocklin-*`` folders: staged copies, intermediates, temporary results) nor its outputs."""
         if loc is None:
             return
         root = temp_root(self.cfg)
         if loc.url.startswith(root.url.rstrip("/") + "/blocklin-"):
             return
         try:
-            self.inputs.stamp(loc)
+            self.inputs.stamp(loc, taken)
         except OSError:  # unreadable: opening it says why
             pass
 

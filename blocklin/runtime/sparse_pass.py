@@ -530,7 +530,8 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
     operands do not fit ``job``'s memory budget. ``offdiagonal``: of ``S`` without its diagonal
     (:func:`read_block`)."""
     store = matrix._store
-    job.stamp_input(store.location)  # before the run's first product: refused if S changes before its end
+    # the stamp of S's open, before its first read: refused if S changed since, before the run's end
+    job.stamp_input(store.location, matrix.stamp)
     groups = row_groups(store)
     budget, reserved = job.cfg.memory, job.client_reserved
     held, per_task = product_memory(store, groups, x.shape[1], x.nbytes, transposed, dtype, budget, reserved)

@@ -80,13 +80,16 @@ class RunInputs:
         self._checked: set[str] = set()  # checked by a commit, not read since
         self._written: list[str] = []  # the run's outputs (partial and final), which it rewrites itself
 
-    def stamp(self, loc: Location) -> None:
+    def stamp(self, loc: Location, taken: dict | None = None) -> None:
         """Stamp ``loc`` unless the run already did (one listing, at its first open), or wrote it (an
-        output of this run read back, by a later step of it)."""
+        output of this run read back, by a later step of it). ``taken``: the stamp a handle took when it
+        opened ``loc`` (:func:`opened`), before it read anything of it (a stored sparse matrix's
+        attributes and row blocks, an operator's operand): the run's, so the reads the handle made
+        before the run are covered too."""
         self._checked.discard(loc.url)
         if loc.url in self.record or loc.pending or self._wrote(loc.url):
             return
-        rec = stamps.stamp_inputs([loc])[0]
+        rec = taken if taken is not None and taken.get("url") == loc.url else stamps.stamp_inputs([loc])[0]
         c = covered_by(loc, [rec])
         self.record[loc.url] = {**rec, "covers": c} if c is not None else rec
         self._locations[loc.url] = loc
@@ -147,6 +150,28 @@ def run_inputs() -> Iterator[tuple[RunInputs, bool]]:
     finally:
         with contextlib.suppress(ValueError):  # left in another context than it was entered
             _RUN.reset(token)
+
+
+@contextlib.contextmanager
+def run_reading(loc: Location, taken: dict | None, result: str) -> Iterator[RunInputs]:
+    """A run that reads the stored input ``loc`` outside any job (a stored sparse matrix's ``norm``, an
+    operator's product): ``loc`` stamped first (``taken``: its handle's, :func:`opened`), checked before
+    ``result`` is returned unless the run is part of an outer one, whose end checks it."""
+    with run_inputs() as (inputs, outermost):
+        inputs.stamp(loc, taken)
+        yield inputs
+        if outermost:
+            inputs.check(result)
+
+
+def opened(loc: Location) -> dict | None:
+    """The stamp of ``loc`` a handle takes when it opens it, before its first read (one listing), for the
+    runs that read through the handle to take (:meth:`RunInputs.stamp`); None where it cannot be listed
+    (opening it says why)."""
+    try:
+        return stamps.stamp_inputs([loc])[0]
+    except OSError:
+        return None
 
 
 def stamps_for(inputs: Iterable[Location]) -> list[dict]:
@@ -210,4 +235,5 @@ def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: st
             "; rerun once no other program writes the input (a run with resume starts over on the new values)"))
 
 
-__all__ = ["RunInputs", "check_unchanged", "checked", "coverage", "covered_by", "run_inputs", "stamps_for", "writes"]
+__all__ = ["RunInputs", "check_unchanged", "checked", "coverage", "covered_by", "opened", "run_inputs", "run_reading",
+           "stamps_for", "writes"]

@@ -66,6 +66,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
     v0 = start_vector(v0, n)
     block, max_basis = eigsh_defaults(k, n, block_size, max_basis)
     with Job("eigsh", **settings) as job:
+        job.stamp_input(s.location, s.stamp)  # as opened, before its first read: refused if S changed since
         ao = None
         if out is not None:
             ao = job.output(out, inputs=[s.path], overwrite=overwrite, size=((n, k), s.dtype),

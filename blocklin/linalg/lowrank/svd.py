@@ -534,6 +534,9 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
     if updatable:
         check_updatable(out=out, method=method, which="LM", transposed=m < n, shape=(m, n))
     with Job("svd", **settings) as job:
+        stored = stored_sparse(op)
+        if stored is not None:  # as opened, before its first read: refused if S changed since
+            job.stamp_input(stored.location, stored.stamp)
         if updatable:  # before the factorization is run for nothing
             check_comoments_budget(n, job.cfg.memory)
         # never onto, nor inside, S; covering the rows read (an append may commit after S was opened)

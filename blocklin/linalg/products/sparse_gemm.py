@@ -60,6 +60,8 @@ class SparseOperand(Operand):
     index_dtype: np.dtype = np.dtype(np.int64)
     entry_chunk: int = 1
     row_chunk: int = 1
+    #: the group's stamp at the handle's open (:attr:`~blocklin.sparse.SparseMatrix.stamp`), which the run takes
+    stamp: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, s: SparseMatrix, name: str = "a") -> SparseOperand:
@@ -70,7 +72,7 @@ class SparseOperand(Operand):
         return cls(name=name, path=s.location, shape=tuple(s.shape), dtype=np.dtype(s.dtype),
                    chunks=(max(1, int(np.diff(st.row_blocks).max(initial=1))), s.shape[1]), nnz=int(s.nnz),
                    index_dtype=np.dtype(s.index_dtype), entry_chunk=int(st.indices.chunks[0]),
-                   row_chunk=int(st.indptr.chunks[0]))
+                   row_chunk=int(st.indptr.chunks[0]), stamp=s.stamp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -516,6 +518,7 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
     times for ``S B`` and ``ceil(n / inner)`` for ``S^T B``.
     """
     with Job("matmul", **settings) as job:
+        job.stamp_input(s.path, s.stamp)  # as opened, before the plan's reads: refused if S changed since
         B = job.operand(b, "b" if not dense_left else "a")
         inner_trans, b_transposed = (not trans_a, not trans_dense) if dense_left else (trans_a, False)
         if dense_left:
@@ -724,6 +727,7 @@ def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwri
     (``8 rows n``), the output's write copies.
     """
     with Job("gram", **settings) as job:
+        job.stamp_input(s.path, s.stamp)  # as opened, before the plan's reads: refused if S changed since
         m, n = s.shape
         dt = _real_dtype([s], dtype, "gram")
         plan = plan_sparse("STS", s, n, memory=job.cfg.memory, out_item=dt.itemsize)

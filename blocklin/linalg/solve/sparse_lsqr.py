@@ -503,6 +503,7 @@ def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[flo
     max_iter = check_max_iter(max_iter, m, n)
     check_lam_max(lams, 1023)  # the bound applies to lam / 2^e with S's scale 2^e (checked again once known)
     with Job("solve", **settings) as job:
+        job.stamp_input(s.location, s.stamp)  # as opened, before its first read: refused if S changed since
         arr, B, (_, k), bdt = _rhs(job, b, m)
         plan = sparse_plan(s, k, len(lams), max_iter=max_iter, intercept=bool(fit_intercept), memory=job.cfg.memory)
         if explain_only:
