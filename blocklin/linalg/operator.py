@@ -167,7 +167,7 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     stack = contextlib.ExitStack()
     # stamped before the operand is opened; a staged copy (in-memory data, integers cast) is the operator's own
     stored = stored_location(a, cfg)
-    stamp = input_guard.opened(stored) if stored is not None else None
+    stamp = input_guard.opened(stored, covers=True) if stored is not None else None
     try:
         op = cast_integers(as_operand(a, "a", cfg, stack), cfg, stack)  # as numpy.linalg casts integers
     except BaseException:

@@ -90,8 +90,7 @@ class RunInputs:
         if loc.url in self.record or loc.pending or self._wrote(loc.url):
             return
         rec = taken if taken is not None and taken.get("url") == loc.url else stamps.stamp_inputs([loc])[0]
-        c = covered_by(loc, [rec])
-        self.record[loc.url] = {**rec, "covers": c} if c is not None else rec
+        self.record[loc.url] = rec if "covers" in rec else _with_covers(loc, rec)
         self._locations[loc.url] = loc
 
     def stamps_for(self, inputs: Iterable[Location]) -> list[dict]:
@@ -164,14 +163,23 @@ def run_reading(loc: Location, taken: dict | None, result: str) -> Iterator[RunI
             inputs.check(result)
 
 
-def opened(loc: Location) -> dict | None:
+def _with_covers(loc: Location, rec: dict) -> dict:
+    """The stamp ``rec`` of ``loc`` with the version its listing holds (``covers``): rows appended later pass."""
+    c = covered_by(loc, [rec])
+    return {**rec, "covers": c} if c is not None else rec
+
+
+def opened(loc: Location, *, covers: bool = False) -> dict | None:
     """The stamp of ``loc`` a handle takes when it opens it, before its first read (one listing), for the
     runs that read through the handle to take (:meth:`RunInputs.stamp`); None where it cannot be listed
-    (opening it says why)."""
+    (opening it says why). ``covers``: with the version read now, for a zarr array, whose metadata read
+    by a later run would hold rows appended since (a sparse group's history names the version a
+    listing holds, so its handle reads no more metadata)."""
     try:
-        return stamps.stamp_inputs([loc])[0]
+        rec = stamps.stamp_inputs([loc])[0]
     except OSError:
         return None
+    return _with_covers(loc, rec) if covers else rec
 
 
 def stamps_for(inputs: Iterable[Location]) -> list[dict]:

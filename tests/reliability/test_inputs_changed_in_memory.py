@@ -114,8 +114,9 @@ def test_rows_appended_mid_run_pass(data, monkeypatch):
 
 
 def test_a_sparse_input_rewritten_mid_run_is_refused(tmp_path, monkeypatch):
-    """A stored sparse matrix is stamped before the run's first product reads it (its operator's
-    products: svd, eigsh, LSQR); values rewritten in place after the first row block was read. eigsh
+    """A stored sparse matrix is stamped when its handle opens it, and the run takes that stamp
+    (``tests/reliability/test_inputs_changed_sparse.py``); values rewritten in place after the first
+    row block was read. eigsh
     without ``out=`` claims no output: its eigenvalues had been returned."""
     import scipy.sparse
 
