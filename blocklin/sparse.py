@@ -224,7 +224,9 @@ class SparseMatrix:
 
     def to_scipy(self, *, memory: Any = None) -> Any:
         """The whole matrix as a ``scipy.sparse.csr_matrix``; refused when its arrays exceed the memory
-        budget (``memory``, default the configured one)."""
+        budget (``memory``, default the configured one), and when the group was rewritten since the
+        handle opened it (:class:`~blocklin.errors.InputChangedError`: the handle's row blocks and entry
+        count are the old version's; rows appended since pass, and are not read)."""
         from blocklin.config import format_size, resolve
 
         budget = resolve(memory=memory).memory
@@ -234,7 +236,9 @@ class SparseMatrix:
                                       f"{self.nnz} entries ({format_size(self.nbytes)}) in {self.path}",
                                       "read row blocks (row_block(i), rows(r0, r1)), or raise the budget "
                                       f"(memory='{format_size(self.nbytes * 5 // 4 + 1)}')"), minimum=self.nbytes)
-        return self.rows(0, self.shape[0])
+        # a run of its own (NumPy's functions on S read it here): refused if the group changed since the open
+        with input_guard.run_reading(self.location, self.stamp, "the matrix"):
+            return self.rows(0, self.shape[0])
 
     def toarray(self) -> np.ndarray:
         """The whole matrix dense (the same check as :meth:`to_scipy`, on the dense bytes)."""

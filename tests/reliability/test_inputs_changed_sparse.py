@@ -201,6 +201,17 @@ def test_products_of_a_dense_operator_over_a_rewritten_array_are_refused(tmp_pat
     assert len(seen) >= 2
 
 
+@pytest.mark.parametrize("read", ["to_scipy", "np.sum"])
+def test_the_whole_matrix_of_a_handle_whose_group_was_rewritten_is_refused(path, read):
+    """``S.to_scipy()``, ``S.toarray()`` and the NumPy functions that run on it read the group with the
+    row blocks and entry count the handle read at its open: ``indptr`` rewritten since had been read
+    against them and the matrix returned."""
+    s = blocklin.open(path)
+    _rewrite(path, "indptr")
+    with pytest.raises(InputChangedError, match=CHANGED + r".*the matrix was not returned"):
+        s.to_scipy() if read == "to_scipy" else np.sum(s)
+
+
 def test_rows_appended_before_or_during_a_run_pass(path, monkeypatch):
     """Appends are the one change a run may meet (as for a dense input): a handle opened before an
     append reads the version it opened, a path opened after it the grown one, and rows appended while a
@@ -212,6 +223,7 @@ def test_rows_appended_before_or_during_a_run_pass(path, monkeypatch):
     blocklin.append(path, new)
     fro = scipy.sparse.linalg.norm
     assert blocklin.norm(held) == pytest.approx(fro(old), rel=N * EPS)
+    assert (held.to_scipy() != old).nnz == 0  # the rows it opened, bit for bit
     assert blocklin.norm(path) == pytest.approx(fro(grown), rel=N * EPS)
 
     real, seen = stored_sparse.SparseStore.read_rows, []
