@@ -50,9 +50,9 @@ def path(tmp_path):
 def _rewrite(path, part: str = "data") -> None:
     """Another program's write in place: the values (``data``), the structure (``indptr``, ``indices``),
     or the group's attributes (its ``zarr.json``)."""
-    if part == "attrs":  # its shape: a column more
+    if part in ("shape", "nnz"):  # the group's attributes: a column more, or entries fewer (no chunk file)
         g = zarr.open_group(str(path), mode="r+")
-        g.attrs["shape"] = [N, N + 1]
+        g.attrs[part] = [N, N + 1] if part == "shape" else int(g.attrs["nnz"]) - 10
         return
     a = zarr.open_array(str(path / part), mode="r+")
     if part == "data":
@@ -80,10 +80,11 @@ def _rewrite_after_reads(monkeypatch, path, reads: int = 1, part: str = "data") 
     return seen
 
 
-@pytest.mark.parametrize("part", ["data", "indices", "indptr", "attrs"])
+@pytest.mark.parametrize("part", ["data", "indices", "indptr", "shape", "nnz"])
 def test_a_sparse_norm_of_a_group_rewritten_mid_read_is_refused(path, monkeypatch, part):
     """``norm(S)`` reads the row blocks once and runs no product: its value had been returned, the norm
-    of old blocks and new ones. Each array of the group and its attributes are covered."""
+    of old blocks and new ones. Each array of the group and its attributes are covered: ``nnz`` rewritten
+    alone (shape and chunk files kept) had passed as an append of no rows."""
     seen = _rewrite_after_reads(monkeypatch, path, 1, part)
     with pytest.raises(InputChangedError, match=CHANGED + r".*the norm result was not returned"):
         blocklin.norm(path)
