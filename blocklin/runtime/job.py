@@ -31,11 +31,12 @@ from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
-from blocklin.storage import input_guard
+from blocklin.storage import input_guard, seen_peaks
 from blocklin.storage.guard import check_not_output
 from blocklin.storage.backend import remove
 from blocklin.storage.formats import check_zarr_output
 from blocklin.storage.space import check_space, check_writable
+from blocklin.storage.stamps import input_location
 from blocklin.storage.cleanup import keep_for_resume, remove_stale_work, report_kept, sweep_stale
 from blocklin.storage.location import Location
 from blocklin.storage.ownership import (Heartbeat, claim_work_folder, end_work_folder, mark_released, read_record,
@@ -179,6 +180,8 @@ class Job:
         #: The stored shape of each input the caller named (staged copies left out): a first pass over
         #: all of one may keep what it saw (:mod:`blocklin.storage.seen_peaks`)
         self.input_shapes: dict[str, tuple[int, int]] = {}
+        #: What first passes saw of such inputs, kept when the job ends (:meth:`keep_seen_peaks`)
+        self._seen_pending: list[tuple] = []
         #: Whether each local uncompressed input's later passes map its strips from the page cache
         #: (:func:`blocklin.runtime.passes.mapped_inputs`), probed once per input in the job
         self.mapped_inputs: dict[str, bool] = {}
@@ -688,13 +691,36 @@ class Job:
         self._running_token = _running.set(self)
         return self
 
+    def input_stamp(self, path: Any) -> str | None:
+        """The content stamp the run took of the stored input at ``path`` when it first opened it, before
+        any read (:meth:`~blocklin.storage.input_guard.RunInputs.digest`); None where it took none."""
+        inputs = getattr(self, "inputs", None)
+        return inputs.digest(input_location(path).url) if inputs is not None else None
+
+    def keep_seen_peaks(self, path: Any, before: str, amax: float, peaks: Any = None, *,
+                        transposed: bool = False) -> None:
+        """Keep what a first pass saw of the whole input at ``path`` for a later job
+        (:func:`blocklin.storage.seen_peaks.remember`) when this job ends: where the run's check before
+        it returns lists the input (:meth:`~blocklin.storage.input_guard.RunInputs.check`), that
+        listing is the stamp after the pass, else one is taken then. ``before``: its stamp before the
+        pass."""
+        self._seen_pending.append((path, before, amax, self.input_shapes[str(path)], peaks, transposed))
+
+    def _remember_seen_peaks(self, listed: dict[str, str]) -> None:
+        for path, before, amax, shape, peaks, transposed in self._seen_pending:
+            seen_peaks.remember(path, before, amax, shape, peaks, transposed=transposed,
+                                after=listed.get(input_location(path).url))
+        self._seen_pending.clear()
+
     def __exit__(self, exc_type, exc, tb) -> None:
         changed = None
+        listed: dict[str, str] = {}  # the inputs' stamps after the run's last read, by URL
         if exc_type is None and self._outermost:  # before the value is returned (outputs: at their commit)
             try:
-                self.inputs.check(f"the {self.operation} result")
+                listed = self.inputs.check(f"the {self.operation} result")
             except InputChangedError as err:
                 changed, exc_type = err, InputChangedError
+        self._remember_seen_peaks(listed)
         self._failed = exc_type is not None  # work folders kept for resume (work_dir)
         self._interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
         try:

@@ -357,9 +357,10 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        columns=tuple(str(s.path) in job.column_peaks for s in sources),
                        offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
     spec = dataclasses.replace(spec, mapped=mapped_inputs(job, sources, spec))
-    # the stamps of the whole local inputs this pass scans, before it reads them (storage.seen_peaks)
-    before = [seen_peaks.stamp_before(s.path) if spec.amax[j] and _whole_input(job, s) else None
-              for j, s in enumerate(sources)]
+    # the stamps of the whole local inputs this pass scans, before it reads them (storage.seen_peaks):
+    # the run's, taken when it first opened them, where it has one (a listing saved)
+    before = [(job.input_stamp(s.path) or seen_peaks.stamp_before(s.path)) if spec.amax[j] and _whole_input(job, s)
+              else None for j, s in enumerate(sources)]
     if device == "gpu":
         keep = resident_strips(job, kernel, sources, plan, spec, over)
         if keep is not None:
@@ -385,9 +386,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                 job.peaks[str(s.path)] = peaks
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
-            if before[j] is not None:  # for a later job's first pass
-                seen_peaks.remember(s.path, before[j], job.amax[str(s.path)], job.input_shapes[str(s.path)],
-                                    peaks if spec.columns[j] else None, transposed=s.transposed)
+            if before[j] is not None:  # for a later job's first pass, once the run's check lists the input
+                job.keep_seen_peaks(s.path, before[j], job.amax[str(s.path)], peaks if spec.columns[j] else None,
+                                    transposed=s.transposed)
     return PassResult([state for r in results for state in r["states"]], plan)
 
 
@@ -419,10 +420,12 @@ def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
         if path in job.amax or s.first_row:
             continue
         shape = (s.width, s.rows) if s.transposed else (s.rows, s.width)
-        got, names = recorded(s.path, shape, column_peaks=columns, transposed=s.transposed), job.recorded_peaks
+        stamp = job.input_stamp(s.path)  # the run's, where it took one: no listing of its own
+        got, names = recorded(s.path, shape, column_peaks=columns, transposed=s.transposed, stamp=stamp), \
+            job.recorded_peaks
         if got is None and _whole_input(job, s):
             got, names = seen_peaks.seen(s.path, job.input_shapes[path], column_peaks=columns,
-                                         transposed=s.transposed), job.seen_peaks
+                                         transposed=s.transposed, stamp=stamp), job.seen_peaks
         if got is None:
             continue
         job.amax[path] = got.amax

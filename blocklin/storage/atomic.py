@@ -431,8 +431,9 @@ class AtomicOutput:
         """Record provenance and publish the output (rename locally, pending record removed in place),
         unless an input changed since the claim other than by appended rows
         (:mod:`blocklin.storage.input_guard`: :class:`~blocklin.errors.InputChangedError`)."""
-        input_guard.check_unchanged(self.input_record, self._input_locations, self.path.url, covers=self.covers)
-        input_guard.checked(self.input_record)
+        today = input_guard.check_unchanged(self.input_record, self._input_locations, self.path.url,
+                                            covers=self.covers)
+        input_guard.checked(self.input_record, today)
         provenance = {
             "operation": operation,
             "inputs": self.inputs,

@@ -78,6 +78,7 @@ class RunInputs:
         self.record: dict[str, dict] = {}
         self._locations: dict[str, Location] = {}
         self._checked: set[str] = set()  # checked by a commit, not read since
+        self._listed: dict[str, str] = {}  # ... and the stamp that check took of each
         self._written: list[str] = []  # the run's outputs (partial and final), which it rewrites itself
 
     def stamp(self, loc: Location, taken: dict | None = None) -> None:
@@ -111,23 +112,35 @@ class RunInputs:
     def _wrote(self, url: str) -> bool:
         return any(url == w or url.startswith(w + "/") for w in self._written)
 
-    def checked(self, record: list[dict]) -> None:
-        """A commit found the inputs of ``record`` unchanged: not listed again at the end (:meth:`check`)
-        unless the run reads on (:meth:`reading`)."""
-        self._checked.update(r["url"] for r in record if self.record.get(r["url"]) is r)
+    def checked(self, record: list[dict], today: Iterable[dict] = ()) -> None:
+        """A commit found the inputs of ``record`` unchanged (``today``: its listing of them): not listed
+        again at the end (:meth:`check`) unless the run reads on (:meth:`reading`)."""
+        mine = {r["url"] for r in record if self.record.get(r["url"]) is r}
+        self._checked.update(mine)
+        self._listed.update((t["url"], t["digest"]) for t in today if t["url"] in mine)
 
     def reading(self) -> None:
         """The run reads its inputs again (a pass): every input is checked at the end."""
         self._checked.clear()
+        self._listed.clear()
 
-    def check(self, result: str) -> None:
+    def digest(self, url: str) -> str | None:
+        """The content stamp (:func:`blocklin.storage.stamps.content_stamp`) the run took of the input
+        at ``url`` when it first opened it, before any read; None where it took none."""
+        rec = self.record.get(url)
+        return rec["digest"] if rec is not None else None
+
+    def check(self, result: str) -> dict[str, str]:
         """Refuse to return ``result`` when an input changed since the run opened it (rows appended
         aside): :class:`~blocklin.errors.InputChangedError`. One listing of each input not checked
-        by a commit since the run last read it."""
+        by a commit since the run last read it. Returns each input's content stamp taken after the
+        run's last read (``{url: digest}``): this listing's, or the commit's that checked it."""
         urls = [u for u in self.record if u not in self._checked]
         recorded = [self.record[u] for u in urls]
-        check_unchanged(recorded, [self._locations[u] for u in urls], result,
-                        covers=[r["covers"] for r in recorded if "covers" in r], returned=True)
+        today = check_unchanged(recorded, [self._locations[u] for u in urls], result,
+                                covers=[r["covers"] for r in recorded if "covers" in r], returned=True)
+        return {**{u: self._listed[u] for u in self._checked if u in self._listed},
+                **{t["url"]: t["digest"] for t in today}}
 
 
 _RUN: contextvars.ContextVar[RunInputs | None] = contextvars.ContextVar("blocklin_run_inputs", default=None)
@@ -196,11 +209,11 @@ def writes(*locs: Location) -> None:
         scope.writes(*locs)
 
 
-def checked(record: list[dict]) -> None:
-    """A commit found the inputs of ``record`` unchanged (:meth:`RunInputs.checked`)."""
+def checked(record: list[dict], today: Iterable[dict] = ()) -> None:
+    """A commit found the inputs of ``record`` unchanged, ``today`` its listing (:meth:`RunInputs.checked`)."""
     scope = _RUN.get()
     if scope is not None:
-        scope.checked(record)
+        scope.checked(record, today)
 
 
 def _only_appended(covered: dict | None, loc: Location) -> bool:
@@ -217,11 +230,12 @@ def _only_appended(covered: dict | None, loc: Location) -> bool:
 
 
 def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: str, *,
-                    covers: Iterable[dict] = (), returned: bool = False) -> None:
+                    covers: Iterable[dict] = (), returned: bool = False) -> list[dict]:
     """Refuse to commit ``output`` (``returned``: to return the value ``output`` names) when an input no
     longer holds what its ``recorded`` stamps (taken before the run read it) say, unless rows were
     only appended to the version in ``covers`` (see the module docstring). One more listing of each
-    input.
+    input; returns that listing (:func:`blocklin.storage.stamps.stamp_inputs`: ``[]`` with nothing
+    recorded).
 
     Raises
     ------
@@ -229,7 +243,7 @@ def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: st
         Naming each changed input and how many of its files differ.
     """
     if not recorded:
-        return
+        return []
     inputs = list({loc.url: loc for loc in inputs}.values())  # A @ A: A listed once
     today = stamps.stamp_inputs(inputs)
     then = {r["url"]: r for r in recorded}
@@ -244,6 +258,7 @@ def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: st
             "return (a result of old and new values is no version's)", "; ".join(what),
             (f"{output} was not returned" if returned else f"nothing was written to {output}") +
             "; rerun once no other program writes the input (a run with resume starts over on the new values)"))
+    return today
 
 
 __all__ = ["RunInputs", "check_unchanged", "checked", "coverage", "covered_by", "opened", "run_inputs", "run_reading",

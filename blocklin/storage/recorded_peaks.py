@@ -126,13 +126,14 @@ def record(loc: Any, tally: PeakTally) -> bool:
 
 
 def recorded(loc: Any, shape: tuple[int, int] | None = None, *, column_peaks: bool = True,
-             transposed: bool | None = None) -> RecordedPeaks | None:
+             transposed: bool | None = None, stamp: str | None = None) -> RecordedPeaks | None:
     """The peaks recorded for the input at ``loc`` (of stored ``shape``; None: any) while its content
     stamp is the recorded one, else None (no record, an unknown version, unreadable, a stamp that
     changed, another shape). ``column_peaks``: read the side's peaks too (else the largest magnitude
     alone, without reading the peaks' file), of the stored columns (``transposed`` False) or rows
     (True), or of the side recorded (None): None where the record holds the other side's or the
-    largest magnitude alone."""
+    largest magnitude alone. ``stamp``: the input's content stamp where the caller holds one that still
+    stands (a run's, taken at its first open and checked before it returns), else one is taken here."""
     loc = input_location(loc)
 
     def holds(data: dict) -> bool:
@@ -146,7 +147,7 @@ def recorded(loc: Any, shape: tuple[int, int] | None = None, *, column_peaks: bo
                 return False
         if column_peaks and transposed is not None and side is not bool(transposed):
             return False
-        return data.get("stamp") == content_stamp(loc)
+        return data.get("stamp") == (content_stamp(loc) if stamp is None else stamp)
 
     got = read_pair(backend(loc), PEAKS_RECORD, PEAKS_COLUMNS, holds, None, column_peaks)
     if got is None or not column_peaks:

@@ -76,11 +76,13 @@ def stamp_before(loc: Any) -> str | None:
 
 
 def remember(loc: Any, stamp: str | None, amax: float, shape: tuple[int, int], peaks: np.ndarray | None = None,
-             *, transposed: bool = False) -> bool:
+             *, transposed: bool = False, after: str | None = None) -> bool:
     """Keep the peaks a pass found of the whole input at ``loc`` (its stored ``shape``): ``amax``, and
     ``peaks``, the peak of each column of the orientation the pass streamed (its stored columns', or
     with ``transposed`` its stored rows': an SVD streams a wide input transposed), or None; where its
-    stamp is still ``stamp``, the one :func:`stamp_before` took before the pass. Only finite peaks (a
+    stamp is still ``stamp``, the one taken before the pass (:func:`stamp_before`, or the run's at its
+    first open). ``after``: the stamp a listing after the pass took (the run's check before it returns,
+    :meth:`blocklin.storage.input_guard.RunInputs.check`), else one taken here. Only finite peaks (a
     NaN or Inf is named by every scan). False where nothing was kept."""
     got = _local(loc)
     width = shape[0] if transposed else shape[1]
@@ -91,7 +93,7 @@ def remember(loc: Any, stamp: str | None, amax: float, shape: tuple[int, int], p
     record_key, columns_key = _keys(real)
     fields = {"location": real, "stamp": stamp, "shape": [int(shape[0]), int(shape[1])], "transposed": bool(transposed)}
     try:
-        if content_stamp(loc) != stamp:  # changed during the pass: what it saw is no one version's
+        if (content_stamp(loc) if after is None else after) != stamp:  # changed during the pass: no one version's
             return False
         be = _cache()
         if peaks is None and be.exists(columns_key):
@@ -104,12 +106,14 @@ def remember(loc: Any, stamp: str | None, amax: float, shape: tuple[int, int], p
     return kept
 
 
-def seen(loc: Any, shape: tuple[int, int], *, column_peaks: bool = True, transposed: bool = False) -> \
-        RecordedPeaks | None:
+def seen(loc: Any, shape: tuple[int, int], *, column_peaks: bool = True, transposed: bool = False,
+         stamp: str | None = None) -> RecordedPeaks | None:
     """The peaks an earlier job's pass kept of the local input at ``loc`` (of stored ``shape``) while its
     content stamp is still the kept one, else None (as :func:`blocklin.storage.recorded_peaks.recorded`).
     ``column_peaks``: each column's too, of the orientation a pass streams (``transposed``: the stored
-    rows'), where the pass that kept them streamed it so; else the largest magnitude alone."""
+    rows'), where the pass that kept them streamed it so; else the largest magnitude alone. ``stamp``:
+    the input's content stamp where the caller holds one that still stands (a run's, taken at its first
+    open and checked before it returns), else one is taken here."""
     got = _local(loc)
     if got is None:
         return None
@@ -119,7 +123,7 @@ def seen(loc: Any, shape: tuple[int, int], *, column_peaks: bool = True, transpo
 
     def holds(data: dict) -> bool:
         return data.get("location") == real and data.get("shape") == shape and \
-            (not column_peaks or data.get("transposed") is bool(transposed)) and data.get("stamp") == content_stamp(loc)
+            (not column_peaks or data.get("transposed") is bool(transposed)) and data.get("stamp") == (content_stamp(loc) if stamp is None else stamp)
 
     try:
         got = read_pair(_cache(), record_key, columns_key, holds, None, column_peaks)

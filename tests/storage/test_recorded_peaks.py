@@ -206,6 +206,9 @@ def test_a_range_of_rows_scans_its_own(tmp_path):
     class _Job:
         amax, peaks, column_peaks, checked_finite, recorded_peaks = {}, {}, set(), set(), []
 
+        def input_stamp(self, path):  # no run's stamp: the take lists the input itself
+            return None
+
     job = _Job()
     src = Source(path=str(a), name="a", rows=M - 64, width=N, dtype=np.dtype("float64"), chunk_rows=64,
                  chunk_bytes=64 * N * 8, chunks_across=1, first_row=64)

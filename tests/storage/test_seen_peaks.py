@@ -14,8 +14,8 @@ import pytest
 import zarr
 
 import blocklin
-from blocklin.errors import NonFiniteError
-from blocklin.storage import seen_peaks
+from blocklin.errors import InputChangedError, NonFiniteError
+from blocklin.storage import seen_peaks, stamps
 from support.tolerances import assert_gram
 
 M, N = 3000, 24
@@ -103,6 +103,43 @@ def test_an_input_changed_during_the_pass_is_not_kept(tmp_path):
     assert not seen_peaks.remember(tmp_path / "A.zarr", stamp, 2.0, (M, N))
     assert _entries() == []
     assert seen_peaks.remember(tmp_path / "A.zarr", seen_peaks.stamp_before(tmp_path / "A.zarr"), 2.0, (M, N))
+
+
+def test_a_job_lists_its_input_only_for_its_own_stamps(tmp_path, monkeypatch):
+    """The cache's stamps before and after a scanning pass are the run's own (its listing at the first
+    open, before any read, and its check before it returns), as is the stamp a later job's first pass
+    checks the kept peaks against: each job lists the input twice, where a scan had listed it four
+    times (2-4 ms each for 128 chunk files on the 2-core machine) and a take three."""
+    x = _foreign(tmp_path / "A.zarr")
+    listed = []
+    real = stamps.file_stamps
+    monkeypatch.setattr(stamps, "file_stamps", lambda loc: listed.append(os.path.realpath(loc.url)) or real(loc))
+    where = os.path.realpath(tmp_path / "A.zarr")
+    first = blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert listed.count(where) == 2 and len(_entries()) == 1  # the scan's peaks kept
+    listed.clear()
+    again = blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert listed.count(where) == 2 and again.report["peaks_seen"] == ["a"]
+    np.testing.assert_array_equal(again.to_numpy(), first.to_numpy())
+    assert_gram(first.to_numpy(), x.T @ x, x)
+
+
+def test_an_input_changed_after_the_scan_is_refused_and_not_kept(tmp_path, monkeypatch):
+    """Rewritten after the scanning pass, before the run's check: the result is refused (the run's
+    guard) and nothing is kept, though the pass itself saw one version."""
+    from blocklin.runtime.job import Job
+
+    _foreign(tmp_path / "A.zarr")
+    keep = Job.keep_seen_peaks
+
+    def then_rewrite(job, *args, **kwargs):
+        keep(job, *args, **kwargs)
+        zarr.open_array(str(tmp_path / "A.zarr"), mode="r+")[600, 3] = 2.0
+
+    monkeypatch.setattr(Job, "keep_seen_peaks", then_rewrite)
+    with pytest.raises(InputChangedError):
+        blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert _entries() == []
 
 
 def test_staged_copies_and_nonfinite_inputs_are_not_kept(tmp_path):

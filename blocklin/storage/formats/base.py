@@ -233,8 +233,8 @@ class AtomicFile:
     def commit(self, *, datasets: list[str] | None = None) -> Path:
         """Rename the finished file into place and record it as blocklin's (``datasets``: HDF5's), unless
         an input changed during the run (:class:`~blocklin.errors.InputChangedError`)."""
-        input_guard.check_unchanged(self._stamps, self._inputs, str(self.path), covers=self._covers)
-        input_guard.checked(self._stamps)
+        today = input_guard.check_unchanged(self._stamps, self._inputs, str(self.path), covers=self._covers)
+        input_guard.checked(self._stamps, today)
         if os.path.lexists(self.path):  # checked again: it may have appeared during the run
             if not self.overwrite:
                 raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
