@@ -151,6 +151,18 @@ class Scaling(_Power):
         """The power each column was divided by: :attr:`columns`, else the one ``exponent``."""
         return self.columns if self.columns is not None else self.exponent
 
+    @property
+    def largest(self) -> int:
+        """The largest column's power where each column has its own (:attr:`columns`), else the one
+        ``exponent``: the unit a sum over the columns is kept in."""
+        return int(np.max(self.columns)) if self.columns is not None else self.exponent
+
+    @property
+    def column_shift(self) -> np.ndarray | None:
+        """Per column, its power less the largest's (``columns - largest``, all ``<= 0``; None with one power):
+        what takes column ``j``'s sums from its own units into the largest column's."""
+        return None if self.columns is None else np.asarray(self.columns, dtype=np.int64) - self.largest
+
     def learn(self, job: Any) -> int:
         """Set ``e`` from ``job.amax`` (the first pass's record), and :attr:`columns` where they are
         wanted and needed (:func:`column_exponents_for`); the exponent."""

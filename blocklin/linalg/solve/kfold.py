@@ -299,11 +299,13 @@ def _refuse_columns_apart(ctx: Any) -> None:
     """Tall ``A``: a scale-free score of a column whose squares the fold pass's one power for ``b`` took below
     float64's normal range (its largest entry below ``2^-485`` of ``b``'s: ``sqrt(tiny 2^52)``) is refused naming
     ``b``, the columns and the fix: its held-out sums had underflowed to 0, its ``r2`` read 1 at every lambda and
-    the mean over the columns chose by the others alone, with a ``best_score_`` that was not the data's."""
+    the mean over the columns chose by the others alone, with a ``best_score_`` that was not the data's. Columns
+    more than ``2^510`` apart are each divided by their own power instead (``Scaling.columns``) and pass; this
+    judges the band between, which one power keeps in float64 but not its squares' bits."""
     from blocklin.linalg.blocks.result_range import column_maxima
     from blocklin.linalg.blocks.scaling import narrow_range
 
-    if not _scale_free(ctx):
+    if not _scale_free(ctx) or ctx.sb.columns is not None:  # each column by its own power: its squares in range
         return
     top = ctx.job.peaks.get(ctx.sb.path)
     if top is None or np.size(top) != ctx.k:
@@ -327,8 +329,10 @@ def _refuse_columns_apart(ctx: Any) -> None:
 
 def choose(ctx: Any, stats: list, grid: np.ndarray, ce: np.ndarray | None = None) -> tuple[float, dict]:
     """The grid value of best mean score over the folds (the first of ties, as ``GridSearchCV``), and the curve.
-    ``ce``: the power of two each column's sums were divided by besides ``b``'s one (:func:`wide_choose`)."""
-    eb = ctx.sb.exponent if ctx.sb is not None else 0
+    ``ce``: the power of two each column's sums were divided by besides ``b``'s one (:func:`wide_choose`); where
+    the passes divided each column of ``b`` by its own power, the largest column's is the one and ``ce`` each
+    column's shift from it (:func:`~blocklin.linalg.solve.scoring.units`)."""
+    eb, ce = scorers.units(ctx.sb, ce)
     name = ctx.scoring if ctx.scoring is not None else "r2"
     per_fold = []
     for f, st in enumerate(stats):
@@ -415,8 +419,8 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
         train = np.setdiff1d(np.arange(m), held)
         pred = _wide_predictions(gm, bm, w, train, held, grid, ctx.intercept, raw)  # held x L x k
         err = b_orig[held][:, None, :] - pred
-        if callable(ctx.scoring):
-            eb = ctx.sb.exponent if ctx.sb is not None else 0
+        if callable(ctx.scoring):  # in the units given: b's one power, or each column's own (Scaling.columns)
+            eb = ctx.sb.column_exponents if ctx.sb is not None else 0
             p, t = ldexp(pred, eb), ldexp(b_orig[held], eb)  # complex predictions of complex data
             wh = w[held] if ctx.weighted else None
             stats.append(np.array([scorers.call(ctx.scoring, p[:, i, :], t, t.shape[1] == 1, wh)

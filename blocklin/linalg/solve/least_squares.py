@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from blocklin.linalg.blocks.scaling import Scaling, check_finite_result
-from blocklin.linalg.solve.loo import by_column
 from blocklin.linalg.solve.normal import solve_tall
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.tikhonov import TikhonovRun
@@ -56,18 +55,16 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                       scoring=scoring, folds=folds, L=L)
     ctx.sa = Scaling.of(source(A), A.dtype)
     ctx.sb = Scaling.of(source(B), B.dtype)
-    if k > 1 and folds is None and (kind in ("scalar", "sequence", "gcv", "lcurve") or
-                                    (kind == "loo" and scoring is None and not per_target)):
+    if k > 1 and kind in ("scalar", "sequence", "gcv", "lcurve", "loo"):
         # each column of x its own problem: b's columns far apart are each scaled by their own power of two (a
         # rule's score sums the columns at the largest one's scale, spectrum.Spectrum.col_shift, leave-one-out's
-        # mean squared error too, loo.choose; positive's NNLS is per column; updatable refuses to keep sums of
-        # columns apart, updatable.keep_sums). loo per target or with scoring= scales its errors itself
-        # (loo.column_powers)
+        # mean squared error too, loo.choose, and the scorers' sums of scoring= and cv=, scoring.units;
+        # positive's NNLS is per column; updatable refuses to keep sums of columns apart, updatable.keep_sums).
+        # Where one power keeps every column, leave-one-out per target or with a scale-free score scales its
+        # errors itself (loo.column_powers) from the same peaks
         ctx.sb.per_column = True
         if plan.orientation != "wide":  # from the peaks the first pass records (the wide route holds b)
             job.column_peaks.add(ctx.sb.path)
-    elif kind == "loo" and plan.orientation != "wide" and (by_column(ctx) if folds is None else k > 1):
-        job.column_peaks.add(ctx.sb.path)  # what each column's leave-one-out errors are scaled by (loo.column_powers)
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)

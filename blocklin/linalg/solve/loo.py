@@ -112,11 +112,15 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
         from blocklin.linalg.solve import scoring as scorers
 
         named = isinstance(ctx.scoring, str)
-        e = ctx.sb.exponent if ctx.sb is not None and named else 0  # a callable's: in the units given already
+        eb, ce = scorers.units(ctx.sb, res.get("col_e"))
+        e = eb if named else 0  # a callable's: in the units given already
         curve["scoring"] = ctx.scoring if named else "callable"
         curve["score"] = scorers.in_units(ctx.scoring if named else None, score, e).tolist()
-        if score_per is not None:
-            curve["score_per_target"] = scorers.in_units(ctx.scoring if named else None, score_per, e).tolist()
+        if named:  # each column's from its own units (in the largest's, a column's squares 2^1200 below had read 0)
+            own = eb if ce is None else eb + ce
+            curve["score_per_target"] = scorers.in_units(ctx.scoring, by_column, own).tolist()
+        elif score_per is not None:
+            curve["score_per_target"] = np.asarray(score_per).tolist()
     if end and not given:
         warn(f"solve: the leave-one-out minimum sits at the {end} end of lambda in [{grid[0]:.3g}, {grid[-1]:.3g}]; "
              "the chosen value is a bound (pass lam=('loo', [...]) with a grid beyond it)")
@@ -150,8 +154,7 @@ def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.
     choice reads (a name's: of each column divided by its own power, ``res["col_e"]``)."""
     from blocklin.linalg.solve import scoring
 
-    eb = ctx.sb.exponent if ctx.sb is not None else 0
-    ce = res.get("col_e")
+    eb, ce = scoring.units(ctx.sb, res.get("col_e"))  # b's one power, or the largest column's and the shifts
     if isinstance(ctx.scoring, str):  # of the scaled problem's sums: choose() reports them in_units
         own = scoring.per_target(ctx.scoring, res["stats"])
         per = _one_power(ctx.scoring, own, ce)
@@ -189,8 +192,8 @@ def column_powers(ctx: Any, top: Any = None) -> np.ndarray | None:
     from blocklin.linalg.blocks.result_range import column_maxima
     from blocklin.linalg.solve.scoring import own_powers
 
-    if not by_column(ctx):
-        return None
+    if not by_column(ctx) or (ctx.sb is not None and ctx.sb.columns is not None):
+        return None  # b's columns each divided by their own power already (Scaling.columns): each near 1
     eb = ctx.sb.exponent if ctx.sb is not None else 0
     if top is None:
         top = ctx.job.peaks.get(ctx.sb.path) if ctx.sb is not None else None
@@ -403,7 +406,6 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if ctx.intercept:
         u, beta, s2 = without_intercept(spec, sw)
     u2 = (u * u.conj()).real
-    eb = ctx.sb.exponent if ctx.sb is not None else 0
     ce = column_powers(ctx, np.abs(_targets(ctx)).max(axis=0, initial=0.0)) if by_column(ctx) else None
     sq, rows, errs = [], [], []
     if ctx.intercept:
@@ -441,10 +443,11 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     stored = np.stack(rows, axis=1).reshape(ctx.m, -1) if ctx.store_cv else None
     res = {"sq": np.array(sq), "rows": _rows_one_power(stored, ce, len(grid)), "col_e": ce}
     if ctx.scoring is not None:
-        from blocklin.linalg.solve.scoring import from_errors
+        from blocklin.linalg.solve.scoring import from_errors, units
 
         err = np.stack(errs, axis=1)  # m x L x k, in the scaled units of b (each column's own, with ce)
-        e = eb if ce is None else eb + ce
+        eb, shift = units(ctx.sb, ce)
+        e = eb if shift is None else eb + shift
         res["stats"] = from_errors(err, ldexp(_targets(ctx), -e) if np.any(e) else _targets(ctx), ctx.wvec)
         res["errors"] = err
     return res

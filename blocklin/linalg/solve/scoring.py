@@ -179,6 +179,20 @@ def own_powers(top: Any, eb: int) -> np.ndarray | None:
     return np.where(ok, np.frexp(scaled)[1], 0).astype(np.int64)
 
 
+def units(sb: Any, ce: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+    """``(eb, ce)``: the power of two ``2^eb`` the sums of a choice of lambda are kept in, and per right-hand side
+    the power ``2^ce_j`` column ``j``'s own sums are divided by besides it (None: none). Where the passes divided
+    each column of ``b`` by its own power (:attr:`~blocklin.linalg.blocks.scaling.Scaling.columns`, columns too
+    far apart for one), ``eb`` is the largest column's and ``ce`` each column's shift from it
+    (:attr:`~blocklin.linalg.blocks.scaling.Scaling.column_shift`); else ``b``'s one power and the ``ce`` given
+    (:func:`own_powers`: each column's errors divided by their own power before they are squared)."""
+    if sb is None:
+        return 0, ce
+    if sb.columns is not None:
+        return sb.largest, sb.column_shift
+    return sb.exponent, ce
+
+
 def combine(scores: np.ndarray, per_column: bool) -> np.ndarray:
     """The mean over right-hand sides (the last axis), or the scores as they are (one per right-hand side)."""
     return scores if per_column else scores.mean(axis=-1)
@@ -219,4 +233,4 @@ def call(scoring: Any, predictions: np.ndarray, b: np.ndarray, one_d: bool, w: n
                                   "return a float (e.g. from sklearn.metrics.make_scorer)")) from None
 
 
-__all__ = ["NAMES", "Identity", "Stats", "identity", "call", "checked", "combine", "from_errors", "per_target"]
+__all__ = ["NAMES", "Identity", "Stats", "identity", "call", "checked", "combine", "from_errors", "per_target", "units"]

@@ -460,11 +460,9 @@ def weigh_columns(ctx: TikhonovRun, spec: Spectrum) -> Spectrum:
     then summed in one unit, the largest column's, as the scores of ``b`` in the units given are (columns
     ``2^1200`` apart had been refused; each divided by its own power and summed as they were, the small column
     would have weighed as much as the large one). ``spec`` itself."""
-    sb = ctx.sb if ctx is not None else None
-    cols = None if sb is None else sb.columns
-    if cols is not None and np.size(cols) == spec.rho0sq.size:
-        cols = np.asarray(cols, dtype=np.int64)
-        spec.col_shift = cols - cols.max()
+    shift = None if ctx is None or ctx.sb is None else ctx.sb.column_shift
+    if shift is not None and np.size(shift) == spec.rho0sq.size:
+        spec.col_shift = shift
     return spec
 
 
