@@ -427,27 +427,33 @@ def test_tall_columns_far_apart_resumed(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(x), ref)
 
 
+@pytest.mark.parametrize("q", [(600, -600), (0, -600), (0, 600)], ids=["2^1200 apart", "2^600 below", "2^600 above"])
 @pytest.mark.parametrize("shape", [(300, 64), (64, 300)], ids=["tall", "wide"])
-def test_stored_gram_columns_far_apart_refused(shape):
-    """Columns of ``b`` near ``2^600`` and ``2^-600`` on the stored-Gram route (a Gram over the budget), which
-    scales all of ``b`` by one power of two, its largest entry's: the small column was flushed to 0 and refused
-    after the factorization as an ``x`` below the range, with the fix "scale b up by a power of two", which
-    overflows the large column. Refused before the factorization naming ``b``, the column and a fix that works
-    (each column solved alone, here answered within the module docstring's bound, with this ``A``'s
-    ``cond(K) <= 1 + sigma_1^2`` for the 40 there, as ``test_stored_gram_x_near_the_top_of_the_range``)."""
+def test_stored_gram_columns_far_apart(shape, q):
+    """Columns of ``b`` far apart on the stored-Gram route (a Gram over the budget), which scaled all of ``b`` by one
+    power of two, its largest entry's: columns ``2^1200`` apart had been refused naming ``b`` (before that, the
+    small column flushed to 0 and refused after the factorization as an ``x`` below the range), and a column
+    ``2^600`` below one near 1 had its norms reported as 0. Each column is divided by its own power now (a float64
+    copy of ``b``): ``x``, ``residual_norm`` and ``solution_norm`` per column are ``2^q_j`` times those of the
+    column solved alone (in memory), within the module docstring's bound for both solves, with this ``A``'s
+    ``cond(K) <= 1 + sigma_1^2`` (as ``test_stored_gram_x_near_the_top_of_the_range``); the residual's within
+    ``||A||_F`` times that plus the rounding of ``b - A x``, ``c m eps (||b_j|| + ||A||_F ||x_j||)``."""
     from support.conformance import least_budget
 
     a, b = problem(shape, np.float64, seed=5)
-    q = np.array([600, -600])
-    with pytest.raises(ParameterError, match=r"^b: must have each column's largest entry within 2\^1021 .*"
-                       r"1 column\(s\) \(index 1\) about 2\^12\d\d below the largest.*solve those columns separately"):
-        least_budget(lambda memory: bl.solve(a, ldexp(b, q[None, :]), lam=1.0, memory=memory))
-    x1 = least_budget(lambda memory: bl.solve(a, ldexp(b[:, 1:], -600), lam=1.0, memory=memory))
-    assert x1.report["gram"] == "out of core"
-    expect = ldexp(np.asarray(bl.solve(a, b[:, 1:], lam=1.0)), -600)
+    q = np.array(q)
+    x = least_budget(lambda memory: bl.solve(a, ldexp(b, q[None, :]), lam=1.0, memory=memory))
+    assert x.report["gram"] == "out of core"
     cond = 1 + np.linalg.norm(a, 2) ** 2
-    bound = 2 * 8 * max(shape) * np.finfo(float).eps * cond * fro_norm(expect)
-    assert np.isfinite(bound) and fro_norm(np.asarray(x1) - expect) <= bound
+    c, big, eps = 8, max(shape), np.finfo(float).eps
+    for j in range(2):
+        ref = bl.solve(a, b[:, j:j + 1], lam=1.0)
+        want = np.asarray(ref)[:, 0]
+        dx = 2 * c * big * eps * cond * np.linalg.norm(want)
+        assert np.linalg.norm(ldexp(np.asarray(x)[:, j], -int(q[j])) - want) <= dx, j
+        assert abs(np.ldexp(x.report["solution_norm"][j], -int(q[j])) - ref.report["solution_norm"]) <= dx, j
+        dr = fro_norm(a) * dx + 2 * c * big * eps * (np.linalg.norm(b[:, j]) + fro_norm(a) * np.linalg.norm(want))
+        assert abs(np.ldexp(x.report["residual_norm"][j], -int(q[j])) - ref.report["residual_norm"]) <= dr, j
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))

@@ -94,6 +94,7 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, ref
     g.markers = work / "tile-markers"
     g.scale_b()
     g.make_stores()
+    g.stage_b()
     g.factor()
     steps = 1 if refine == "auto" else int(refine)
     warn_stored_condition(g.kappa, g.lam, "A A^T" if g.wide else "A^T A", cplx=g.cplx)
@@ -150,17 +151,46 @@ class _GramSolve:
         # its iterates sit near K^-1 times a right-hand side near 1, where an x of 2^1090 had overflowed the
         # substitutions (refused as a singular tile); x = 2^e z is judged and written once (finish)
         self.e = 0
+        #: one power per column where one for all would lose a column (:meth:`scale_b`; None: ``e`` for all), and
+        #: the right-hand side the solve reads: ``B``, or its copy with each column divided by its own power
+        self.columns: np.ndarray | None = None
+        self.rhs = B
 
     def scale_b(self) -> None:
-        """``e`` (:attr:`down`) from ``b``'s column maxima, before any step: a column that ``2^-e`` takes below
-        float64's smallest normal is refused naming ``b``, the columns and the fix (solve them separately). The
-        route scales all of ``b`` by that one power (the GEMMs' and substitutions' scalar ``alpha``), so such a
-        column had been flushed to 0 and refused after the factorization as an ``x`` below the range, with the
-        fix "scale b up by a power of two", which overflows the large column."""
-        from blocklin.linalg.blocks.result_range import refuse_flushed_rhs
+        """``e`` (:attr:`down`) from ``b``'s column maxima, before any step. The route scales all of ``b`` by that
+        one power (the GEMMs' and substitutions' scalar ``alpha``) unless it would take a column's largest entry
+        below ``2^-510`` (its squares, of which the reported norms are made, out of float64's normal range) or
+        below the normal range itself (:func:`~blocklin.linalg.blocks.scaling.column_exponents_for`): then each
+        column is divided by its own power into a float64 copy of ``b`` (:meth:`stage_b`) that the solve reads
+        with ``e = 0``, and column ``j`` of ``x`` is multiplied back by its own (:attr:`col_e`), as the in-memory
+        routes do. Columns ``2^1200`` apart had been refused here, and before that flushed to 0 and refused after
+        the factorization as an ``x`` below the range."""
+        from blocklin.linalg.blocks.scaling import column_exponents_for
 
         self.e, top = _scale_exponent(self.B.path, int(getattr(self.B, "first_row", 0)), self.m)
-        refuse_flushed_rhs(top, self.e, F64)
+        cols = column_exponents_for(top, self.e, F64)
+        if cols is not None:  # within [-1000, 1000] as e: 2^c and 2^-c are float64 numbers, each exact
+            self.columns, self.e = np.clip(cols, -1000, 1000).astype(np.int64), 0
+
+    @property
+    def col_e(self) -> Any:
+        """The power of two each column of ``x`` is multiplied back by: :attr:`columns`, else ``e``."""
+        return self.columns if self.columns is not None else self.e
+
+    def stage_b(self) -> None:
+        """``b`` with column ``j`` divided by ``2^columns[j]`` (exact) into a float64 store, one pass per column,
+        which the solve reads as its right-hand side (where :meth:`scale_b` set :attr:`columns`)."""
+        if self.columns is None:
+            return
+        path = self.store("b", self.m, self.k)
+
+        def scale() -> None:
+            for j, c in enumerate(self.columns):
+                col = Region.of(self.B.path, (self.m, 1), off=(0, j))
+                self.ops.axpby(Region.of(path, (self.m, 1), off=(0, j)), col, col, alpha=float(np.ldexp(1.0, -int(c))),
+                               beta=0.0, dtype=self.dt, description=f"b column {j} / 2^{int(c)}")
+        self.step("scale b", scale)
+        self.rhs = self.operand(path, (self.m, self.k), "b")
 
     def make_stores(self) -> None:
         """Every store of the solve, created before any step in a fixed order (their names number them)."""
@@ -243,7 +273,7 @@ class _GramSolve:
         self.step("gram", lambda: self.ops.syrk(
             Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.H, dtype=self.dt, shift=self.lam**2,
             check=self.job.check_finite, done_dir=self.markers,
-            rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
+            rhs=None if self.wide else Region.of(self.rhs.path, self.rhs.shape),
             rhs_out=None if self.wide else self.region(self.c, self.n),
             description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I") and None)
         from blocklin.linalg.products.gram import check_diagonal, stored_diagonal
@@ -268,7 +298,7 @@ class _GramSolve:
 
     def solve_wide(self, steps: int) -> str:
         """The dual variable ``y`` refined on ``(A A^T + lam^2 I) y = b``; returns the store of ``x = A^T y``."""
-        A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
+        A, B, m, n, k = self.A, self.rhs, self.m, self.n, self.k
         self.step("solve", lambda: self.k_solve(B.path, self.z, alpha=self.down))
         for _ in range(steps):  # rd = b - A A^T y - lam^2 y, y += K^-1 rd
             x_tmp = self.xt
@@ -290,7 +320,7 @@ class _GramSolve:
 
     def solve_tall(self, steps: int) -> str:
         """``x`` refined against the original problem; returns its store."""
-        A, B, k = self.A, self.B, self.k
+        A, B, k = self.A, self.rhs, self.k
         c_path = self.c  # A^T b, from the SYRK's read of A (rewritten by refinement)
         self.step("solve", lambda: self.k_solve(c_path, self.z, alpha=self.down))
         for _ in range(steps):
@@ -318,20 +348,17 @@ class _GramSolve:
     def finish(self, xs: str, x_path: str, steps: int) -> dict:
         """Write ``x`` to ``x_path`` (created at the start) in the operands' dtype; the route's report fields
         from the final residual, and what a resumed run skipped."""
-        A, B, m, n, k, lam = self.A, self.B, self.m, self.n, self.k, self.lam
+        A, B, m, n, k, lam = self.A, self.rhs, self.m, self.n, self.k, self.lam
         self.step("final residual", lambda: self.gemm(self.r, A, self.operand(xs, (n, k), "x"), B, alpha=-1.0,
                                                       beta=self.down, description="final residual b - A x"))
         rr = _col_sumsq(self.ops, self.r, (m, k))  # of 2^-e (b - A x) and 2^-e x
         xx = _col_sumsq(self.ops, xs, (n, k))
-        xreg = self.region(xs, n)
         self._check_x_range(xs)
-        up = float(np.ldexp(1.0, self.e))
-        self.step("write x", lambda: self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=up, beta=0.0,
-                                                    dtype=self.dt, description="write x = 2^e z") and None)
+        self.step("write x", lambda: self.write_x(xs, x_path))
 
         def norms(v: np.ndarray) -> Any:
             with np.errstate(over="ignore"):  # a norm beyond float64's range is reported as inf
-                v = np.ldexp(np.sqrt(np.maximum(v, 0.0)), self.e)
+                v = np.ldexp(np.sqrt(np.maximum(v, 0.0)), self.col_e)
             return float(v[0]) if v.size == 1 else v.tolist()
 
         gram = "A A^T" if self.wide else "A^T A"
@@ -348,6 +375,19 @@ class _GramSolve:
                 "resumed": self.stages.resumed, "stages_skipped": self.stages.skipped}
 
 
+    def write_x(self, xs: str, x_path: str) -> None:
+        """``x = 2^e z`` into ``x_path``, each column by its own power where :attr:`columns` is set."""
+        n = self.n
+        if self.columns is None:
+            xreg = self.region(xs, n)
+            self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=float(np.ldexp(1.0, self.e)), beta=0.0,
+                           dtype=self.dt, description="write x = 2^e z")
+            return
+        for j, c in enumerate(self.columns):
+            col = Region.of(xs, (n, 1), off=(0, j))
+            self.ops.axpby(Region.of(x_path, (n, 1), off=(0, j)), col, col, alpha=float(np.ldexp(1.0, int(c))),
+                           beta=0.0, dtype=self.dt, description=f"write x column {j} = 2^{int(c)} z")
+
     def _check_x_range(self, xs: str) -> None:
         """``x`` judged as the in-memory routes judge theirs (:func:`~blocklin.linalg.blocks.result_range.check_columns`):
         the route solves for ``z = 2^-e x`` (``b`` scaled near 1) and ``x = 2^e z`` is rounded once as written: a
@@ -362,13 +402,13 @@ class _GramSolve:
         out = np.result_type(self.A.dtype, self.B.dtype)
         cols = ColumnRange(self.k)
         for _, block in row_bands(xs):  # x = 2^e z as written (axpby's product by 2^e rounds once, as ldexp)
-            cols.merge(scaled_columns(block, self.e, out)[1])
+            cols.merge(scaled_columns(block, self.col_e, out)[1])
         live = np.zeros(self.k, dtype=bool)
         for _, block in row_bands(self.B.path, first=int(getattr(self.B, "first_row", 0)), n=self.m):
             live |= np.any(block != 0, axis=0)
         cols.nonzero |= live
         gram = "(A A^H + lam^2 I)^-1 (2^-e b)" if self.wide else "(A^H A + lam^2 I)^-1 A^H (2^-e b)"
-        check_columns(cols, self.e, out, detail=f"the stored-Gram route, for a Gram over the budget, forms x = 2^e A^H y, "
+        check_columns(cols, self.col_e, out, detail=f"the stored-Gram route, for a Gram over the budget, forms x = 2^e A^H y, "
                       f"y = {gram}" if self.wide else f"the stored-Gram route, for a Gram over the budget, forms "
                       f"x = 2^e {gram}", fix="scale b up by a power of two 2^e (exact: x is 2^e times the "
                       "solution) and scale x back yourself, or raise memory= so the in-memory routes (which scale "
