@@ -126,16 +126,33 @@ def test_empty_a_as_numpy(shape, bshape, dtype):
 
 
 @pytest.mark.parametrize("bdtype", [np.float64, np.int64])
-def test_mixed_dtypes_return_numpy_dtypes_and_say_the_precision(bdtype):
-    """float32 ``A`` with a float64 (or integer) ``b``: NumPy's ``x``, ``residuals`` and ``s`` are float64 (``s``
-    had stayed float32); the values are the float32 SVD's (docs/solve.md: the rank at the precision the SVD runs
-    in), which a warning now says, naming the fix (float64 numbers of float32's accuracy, relative error ~1e-7
-    against NumPy's ~1e-16, had come back without a word; blocklin upcasts no stored input unasked)."""
+def test_mixed_dtypes_of_a_numpy_a_promote_as_numpy(bdtype):
+    """A NumPy float32 ``A`` with a float64 (or integer) ``b``: computed in float64 as ``numpy.linalg.lstsq``
+    computes it (``a`` cast in memory), so ``x``, ``residuals`` and ``s`` are float64 with float64's accuracy
+    (the module docstring's bound at float64's ``eps``), without a warning. They had been the float32 SVD's
+    (relative error ~1e-7 against NumPy's ~1e-16), with a warning naming the fix."""
     a = of_rank(300, 6, 6, seed=8, dtype=np.float32)
     b = (4 * np.random.default_rng(9).standard_normal(300)).astype(bdtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bl.errors.BlocklinWarning)
+        got = bl.lstsq(a, b, memory="64KiB")
+    check(a, b, got, dtype=np.float64)
+    xr, resr, _, sr = np.linalg.lstsq(a, b, rcond=None)
+    assert (got[1].dtype, got[3].dtype) == (resr.dtype, sr.dtype) == (np.float64,) * 2
+
+
+@pytest.mark.parametrize("bdtype", [np.float64, np.int64])
+def test_mixed_dtypes_of_a_stored_a_say_the_precision(bdtype, tmp_path):
+    """A stored float32 ``A`` with a float64 (or integer) ``b``: NumPy's ``x``, ``residuals`` and ``s`` are float64
+    (``s`` had stayed float32); the values are the float32 SVD's (docs/solve.md: the rank at the precision the SVD
+    runs in; blocklin upcasts no stored input unasked), which a warning says, naming the fix (float64 numbers of
+    float32's accuracy had come back without a word)."""
+    a = of_rank(300, 6, 6, seed=8, dtype=np.float32)
+    b = (4 * np.random.default_rng(9).standard_normal(300)).astype(bdtype)
+    stored = bl.from_array(a, tmp_path / "a.zarr")
     with pytest.warns(bl.errors.BlocklinWarning, match=r"^a: is computed in its own dtype \(float32.*result is "
                       r"float64.*Fix: for float64 accuracy pass a in float64") as said:
-        x, res, rank, s = bl.lstsq(a, b, memory="64KiB")
+        x, res, rank, s = bl.lstsq(stored, b, memory="64KiB")
     assert len(said) == 1 and said[0].filename == __file__  # the caller's line
     xr, resr, rankr, sr = np.linalg.lstsq(a, b, rcond=None)
     assert (x.dtype, res.dtype, s.dtype) == (xr.dtype, resr.dtype, sr.dtype) == (np.float64,) * 3

@@ -86,7 +86,7 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
     return matmul(a, b)
 
 
-def _linalg_promoted(a: Any, b: Any) -> Any:
+def linalg_promoted(a: Any, b: Any) -> Any:
     """NumPy's computing dtype of ``numpy.linalg.solve`` or ``lstsq`` on ``a`` and ``b`` where their float or
     complex dtypes differ in precision (``float32`` with ``float64``: float64; ``float32`` with
     ``complex128``: complex128), else ``None`` (blocklin's own solve takes one dtype, or a real and a
@@ -161,7 +161,7 @@ def solve(a: Any, b: Any) -> Any:
             "a", "must be square for numpy.linalg.solve (as NumPy's: a rectangle has no exact solution in general)",
             f"shape {shape[0]} x {shape[1]}", "call numpy.linalg.lstsq(a, b) or blocklin.solve(a, b) for the "
             "least-squares solution"))
-    dtype = _linalg_promoted(a, b)
+    dtype = linalg_promoted(a, b)
     if dtype is None:
         return _vector_result(bl_solve(a, b), b)
     with contextlib.ExitStack() as stack:
@@ -212,7 +212,7 @@ def cholesky(a: Any, upper: bool = False) -> Matrix:
 def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
     from blocklin.linalg.solve.lstsq import lstsq as bl_lstsq
 
-    dtype = _linalg_promoted(a, b)
+    dtype = linalg_promoted(a, b)
     if dtype is None:
         return bl_lstsq(a, b, rcond=rcond)
     with contextlib.ExitStack() as stack:  # the SVD of float32 A had been float32's, in a float64 result

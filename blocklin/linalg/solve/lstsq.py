@@ -121,6 +121,7 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         x, residuals, rank, s, report = lstsq_complex(a, bb, rcond, settings)
         _check_range(x, x.dtype)
         return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
+    a = _promoted_in_memory(a, bb)
     U, s, Vt = res = svd(a, **settings)
     report = dict(res.report)
     try:
@@ -179,6 +180,17 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     x = x.astype(dtype)
     # s in the real dtype of the result, as NumPy returns it (float32 a with a float64 b: float64 s)
     return LstsqResult(x[:, 0] if vector else x, residuals, rank, s.astype(np.finfo(dtype).dtype), report)
+
+
+def _promoted_in_memory(a: Any, bb: np.ndarray) -> Any:
+    """A NumPy ``a`` in NumPy's computing dtype for ``a`` and ``b`` where their precisions differ (float32 with a
+    float64 or integer ``b``: float64, :func:`~blocklin.linalg.interop.numpy_protocol.linalg_promoted`), cast in
+    memory as ``numpy.linalg.lstsq`` casts it, so the SVD, the rank and ``x`` carry float64's accuracy; a stored
+    ``a`` is not copied unasked (:func:`_warn_narrow` says so)."""
+    from blocklin.linalg.interop.numpy_protocol import linalg_promoted
+
+    dtype = linalg_promoted(a, bb) if isinstance(a, np.ndarray) else None
+    return a if dtype is None else a.astype(dtype)
 
 
 def _warn_narrow(computed: np.dtype, bdt: np.dtype, dtype: np.dtype) -> None:
