@@ -27,7 +27,10 @@ CASES = {  # name: (matrix, keywords); 1 MiB: the 200 x 200 Gram matrix with lam
     "cholesky": ("S", {"assume_a": "pos"}),
     "sym": ("S", {"assume_a": "sym"}),
     "stored-gram": ("A", {"lam": 1.0}),
+    "stored-gram-columns-apart": ("A", {"lam": 1.0}),  # b's columns near 2^600, 1, 2^-600: each by its own power
 }
+#: the powers of two the columns of Bapart.zarr are B's times (the case whose name ends so reads it)
+APART = np.array([600, 0, -600])
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +40,17 @@ def stored(tmp_path_factory):
     a = rng.standard_normal((N, N))
     bl.from_array(a, d / "A.zarr", chunks=(40, 40))
     bl.from_array(a @ a.T + N * np.eye(N), d / "S.zarr", chunks=(40, 40))
-    bl.from_array(rng.standard_normal((N, 3)), d / "B.zarr", chunks=(40, 3))
+    b = rng.standard_normal((N, 3))
+    bl.from_array(b, d / "B.zarr", chunks=(40, 3))
+    bl.from_array(np.ldexp(b, APART[None, :]), d / "Bapart.zarr", chunks=(40, 3))
     bl.from_array(2.0 ** np.round(np.linspace(-40, 40, N))[rng.permutation(N), None] * a, d / "G.zarr", chunks=(40, 40))
     return d
 
 
 def _solve(d, name, out, tmp, **extra):
     matrix, kw = CASES[name]
-    return bl.solve(str(d / f"{matrix}.zarr"), str(d / "B.zarr"), out=str(out), memory="1MiB", scheduler="sync",
+    rhs = "Bapart" if name.endswith("columns-apart") else "B"
+    return bl.solve(str(d / f"{matrix}.zarr"), str(d / f"{rhs}.zarr"), out=str(out), memory="1MiB", scheduler="sync",
                     temp_dir=str(tmp), **kw, **extra)
 
 
@@ -87,7 +93,8 @@ def test_ctrl_c_then_resume_gives_the_same_bits(stored, tmp_path, monkeypatch, n
     b = bl.open(str(stored / "B.zarr")).to_numpy()
     lam = CASES[name][1].get("lam", 0.0)
     want = np.linalg.solve(a.T @ a + lam**2 * np.eye(N), a.T @ b) if lam else np.linalg.solve(a, b)
-    assert_solve(x.to_numpy(), want, a.T @ a + lam**2 * np.eye(N) if lam else a)
+    got = np.ldexp(x.to_numpy(), -APART[None, :]) if name.endswith("columns-apart") else x.to_numpy()
+    assert_solve(got, want, a.T @ a + lam**2 * np.eye(N) if lam else a)
 
 
 def test_resume_needs_out(stored, tmp_path):
