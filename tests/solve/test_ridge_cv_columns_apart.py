@@ -17,7 +17,9 @@ set's errors ``r_h = b_h - A_h x_t`` (``x_t`` the fit on the training rows at ``
 + ||dr_h||^2``, ``d(sae) <= sqrt(rows) ||dr_h||``, and the scores follow (``r2 = 1 - sse / sst``: ``d(sse) / sst``
 plus ``sst``'s rounding ``c m eps``). The leave-one-out's held-out sets are the single rows (the hat-matrix form's
 division by ``1 - h_ii`` adds its rounding, ``c n eps cond(K) / min(1 - h_ii)`` relative, to each error).
-The choice: the grid value of best score of the reference, or one whose reference score is within the tolerance
+With ``fit_intercept`` the fits are those of the training rows centered by
+their means (``Ridge``'s), whose rounding adds ``c m eps (|bbar| + ||mu|| ||x||)`` to each error, and the
+leave-one-out's leverage has the intercept's ``1 / m``. The choice: the grid value of best score of the reference, or one whose reference score is within the tolerance
 of it. ``x`` at the choice, column by column, within ``dx`` of NumPy's least squares on ``[A; lam I]``.
 """
 
@@ -32,6 +34,8 @@ from blocklin.runtime.powers import ldexp
 SHAPES = {"tall": (40, 6), "wide": (12, 30)}
 APART = [(600, -600), (0, -600), (0, 600)]
 GRID = np.logspace(-2, 2, 9)
+#: with fit_intercept in the slow job (the same per-column scaling, centered)
+INTERCEPT = [pytest.param(False, id="plain"), pytest.param(True, id="intercept", marks=pytest.mark.slow)]
 EPS, C = np.finfo(np.float64).eps, 8
 TINY = np.finfo(np.float64).smallest_subnormal
 
@@ -60,17 +64,24 @@ def fit_error(a, b, lam):
     return x, dx
 
 
-def held_out(a, b, sets, lam, hat=0.0):
+def held_out(a, b, sets, lam, hat=0.0, intercept=False):
     """Per held-out set and column: the sums ``sse``, ``sae``, ``sst`` (about the set's mean), the row count,
-    and the bounds on ``sse`` and ``sae`` (module docstring; ``hat``: the relative rounding added to each error)."""
+    and the bounds on ``sse`` and ``sae`` (module docstring; ``hat``: the relative rounding added to each error).
+    With ``intercept`` the fit is that of the training rows centered by their means, its predictions
+    ``bbar + (a_i - mu)^T x`` (``Ridge``'s); the means' rounding, ``c m eps (|bbar| + ||mu|| ||x||)`` per row, adds
+    to each error."""
     out = []
     m = a.shape[0]
     for held in sets:
         train = np.setdiff1d(np.arange(m), held)
-        x, dx = fit_error(a[train], b[train], lam)
-        r = b[held] - a[held] @ x
+        mu = a[train].mean(axis=0) if intercept else np.zeros(a.shape[1])
+        bbar = b[train].mean(axis=0) if intercept else np.zeros(b.shape[1])
+        x, dx = fit_error(a[train] - mu, b[train] - bbar, lam)
+        ah = a[held] - mu
+        r = b[held] - bbar - ah @ x
         rn = np.linalg.norm(r, axis=0)
-        dr = np.linalg.norm(a[held]) * dx + C * m * EPS * np.linalg.norm(b[held], axis=0) + hat * rn
+        means = C * m * EPS * np.sqrt(len(held)) * (np.abs(bbar) + np.linalg.norm(mu) * np.linalg.norm(x, axis=0))
+        dr = np.linalg.norm(ah) * dx + C * m * EPS * np.linalg.norm(b[held], axis=0) + hat * rn + means
         sst = ((b[held] - b[held].mean(axis=0)) ** 2).sum(axis=0)
         out.append({"sse": rn ** 2, "sae": np.abs(r).sum(axis=0), "sst": sst, "n": len(held),
                     "dsse": 2 * rn * dr + dr ** 2 + C * m * EPS * rn ** 2, "dsae": np.sqrt(len(held)) * dr})
@@ -104,12 +115,14 @@ def kfold_sets(m, k):
     return [np.arange(edges[f], edges[f + 1]) for f in range(k)]
 
 
-def loo_hat(a, lam):
-    """The leave-one-out's hat-matrix rounding, relative to each error (module docstring)."""
+def loo_hat(a, lam, intercept=False):
+    """The leave-one-out's hat-matrix rounding, relative to each error (module docstring; with ``intercept`` of
+    the centered data, the intercept's leverage ``1 / m`` added to ``h_ii``)."""
+    a = a - a.mean(axis=0) if intercept else a
     s = np.linalg.svd(a, compute_uv=False)
     low = (s[-1] ** 2 if a.shape[0] >= a.shape[1] else 0.0) + lam ** 2
     kk = a.T @ a + lam ** 2 * np.eye(a.shape[1])
-    h = np.einsum("ij,ij->i", a, np.linalg.solve(kk, a.T).T)
+    h = np.einsum("ij,ij->i", a, np.linalg.solve(kk, a.T).T) + (1.0 / a.shape[0] if intercept else 0.0)
     return C * max(a.shape) * EPS * (s[0] ** 2 + lam ** 2) / low / float(np.min(1 - h))
 
 
@@ -120,7 +133,7 @@ def pooled(stats):
     return {key: sum(st[key] for st in stats) for key in keys}
 
 
-def check(got, alone, a, b, q, name, sets, loo):
+def check(got, alone, a, b, q, name, sets, loo, intercept=False):
     """The choice, the scores of ``b`` as given and ``x`` at the choice against each column solved alone; each
     column's own score curve (in its units as given) and the bound on it."""
     curve = got.report["curve"]
@@ -129,8 +142,8 @@ def check(got, alone, a, b, q, name, sets, loo):
     for j in range(2):  # each column's own score curve (its units as given) and the bound on it
         per_lam, per_bnd = [], []
         for lam in GRID:
-            hat = loo_hat(a, lam) if loo else 0.0
-            stats = held_out(a, b[:, j:j + 1], sets, lam, hat)
+            hat = loo_hat(a, lam, intercept) if loo else 0.0
+            stats = held_out(a, b[:, j:j + 1], sets, lam, hat, intercept)
             if loo:
                 st = pooled(stats) | {"n": m, "sst": ((b[:, j] - b[:, j].mean()) ** 2).sum(keepdims=True)}
                 stats = [st]
@@ -168,8 +181,9 @@ def check(got, alone, a, b, q, name, sets, loo):
     lam = got.report["lam"]
     assert lam == GRID[i]
     x = np.asarray(got)
+    pa, pb = (a - a.mean(axis=0), b - b.mean(axis=0)) if intercept else (a, b)
     for j in range(2):
-        xr, dx = fit_error(a, b[:, j:j + 1], lam)
+        xr, dx = fit_error(pa, pb[:, j:j + 1], lam)
         assert np.linalg.norm(ldexp(x[:, j], -int(q[j])) - xr[:, 0]) <= 2 * dx[0] + EPS * np.linalg.norm(xr), j
     return refs, bnds
 
@@ -179,18 +193,19 @@ KFOLD = [("tall", None), ("tall", "neg_mean_squared_error"), ("wide", None), ("w
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("intercept", INTERCEPT)
 @pytest.mark.parametrize("route, scoring", KFOLD, ids=[f"{r}-{s or 'r2'}" for r, s in KFOLD])
 @pytest.mark.parametrize("q", APART, ids=["2^1200 apart", "2^600 below", "2^600 above"])
-def test_kfold_columns_apart(route, scoring, q):
+def test_kfold_columns_apart(route, scoring, q, intercept):
     """``cv=3``: the fold scores of ``b`` as given (refused before: ``2^1200`` apart on both routes, and with
     ``r2`` a column ``2^600`` from the other on the tall one), the choice and ``x`` at it, against each column
     solved alone."""
     a, b = problem(SHAPES[route], seed=21)
     q = np.array(q)
-    kw = {"lam": ("loo", GRID), "cv": 3, "scoring": scoring}
+    kw = {"lam": ("loo", GRID), "cv": 3, "scoring": scoring, "fit_intercept": intercept}
     got = bl.solve(a, ldexp(b, q[None, :]), **kw)
     alone = [bl.solve(a, ldexp(b[:, j:j + 1], int(q[j])), **kw) for j in range(2)]
-    check(got, alone, a, b, q, scoring, kfold_sets(a.shape[0], 3), loo=False)
+    check(got, alone, a, b, q, scoring, kfold_sets(a.shape[0], 3), loo=False, intercept=intercept)
 
 
 def _mse(estimator, x, y):
@@ -198,20 +213,22 @@ def _mse(estimator, x, y):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("intercept", INTERCEPT)
 @pytest.mark.parametrize("scoring", ["r2", "neg_mean_squared_error", "neg_mean_absolute_error", "callable"])
 @pytest.mark.parametrize("q", APART, ids=["2^1200 apart", "2^600 below", "2^600 above"])
 @pytest.mark.parametrize("route", sorted(SHAPES))
-def test_loo_scoring_columns_apart(route, q, scoring):
+def test_loo_scoring_columns_apart(route, q, scoring, intercept):
     """``lam="loo"`` with ``scoring=`` (refused ``2^1200`` apart before): the scores of ``b`` as given, the choice
     and ``x`` at it against each column solved alone; named scores per right-hand side too. The callable (minus
     the mean squared error over rows and columns) is scored as ``neg_mean_squared_error``."""
     a, b = problem(SHAPES[route], seed=22)
     q = np.array(q)
-    kw = {"lam": ("loo", GRID), "scoring": _mse if scoring == "callable" else scoring}
+    kw = {"lam": ("loo", GRID), "scoring": _mse if scoring == "callable" else scoring, "fit_intercept": intercept}
     got = bl.solve(a, ldexp(b, q[None, :]), **kw)
     alone = [bl.solve(a, ldexp(b[:, j:j + 1], int(q[j])), **kw) for j in range(2)]
     name = "neg_mean_squared_error" if scoring == "callable" else scoring
-    refs, bnds = check(got, alone, a, b, q, name, [np.array([i]) for i in range(a.shape[0])], loo=True)
+    refs, bnds = check(got, alone, a, b, q, name, [np.array([i]) for i in range(a.shape[0])], loo=True,
+                       intercept=intercept)
     if scoring != "callable":  # each column's own scores, in its units as given
         per = np.asarray(got.report["curve"]["score_per_target"])
         for j in range(2):
