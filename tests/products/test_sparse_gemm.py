@@ -388,6 +388,17 @@ def test_a_sparse_gram_whose_sums_overflow_is_refused(tmp_path):
     assert_gram(g, (z.T @ z).toarray(), z.toarray())
 
 
+def test_a_sparse_gram_whose_sums_overflow_to_nan_is_refused(tmp_path):
+    """Entries near ``2^531`` of both signs: their products overflow to ``+Inf`` and ``-Inf``, whose sum in an
+    off-diagonal entry is NaN. The range check had passed a NaN over as data read unchecked, and the Gram
+    came back holding NaN and Inf without an error, though every entry was checked finite as read. Refused
+    now as the Inf alone is."""
+    x = scipy.sparse.csr_matrix(np.ldexp(np.array([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0]]), 531))
+    with pytest.raises(ParameterError, match=r"^a: must have a Gram matrix within the range of float64"):
+        bl.gram(bl.from_sparse(x, tmp_path / "x.zarr"), tmp_path / "g.zarr", memory="2MiB")
+    assert not (tmp_path / "g.zarr").exists()
+
+
 @pytest.mark.parametrize("k,dtype", [(-1060, np.float64), (-130, np.float32)])
 def test_the_scaling_a_sparse_gram_refusal_names_can_be_applied(tmp_path, k, dtype):
     """Subnormal float64 entries and float32 ones near ``1e-39`` need a scaling beyond float64's range

@@ -429,8 +429,11 @@ def _check_gram_range(g: np.ndarray, dt: np.dtype, amax: float) -> None:
     in float64 without overflow or loss: nothing to scale."""
     big = float(np.max(np.abs(g))) if g.size else 0.0
     # NaN or Inf data read with check_finite=False propagates, as in the products
-    if np.isnan(big) or amax == 0 or not np.isfinite(amax):
+    if amax == 0 or not np.isfinite(amax):
         return
+    # finite data whose sums overflowed: Inf, and NaN where Infs of both signs met (entries near 1e160 of
+    # mixed signs had returned a Gram of NaN and Inf, silently)
+    big = np.inf if np.isnan(big) else big
     fi = np.finfo(dt)
     # the largest entry is below 2^top; a sum that overflowed the float64 accumulator is above float64's range
     # whatever 2 log2(max |a|) says (entries below 2^512 whose squares sum past 2^1024 had returned Inf)
