@@ -259,6 +259,10 @@ class SparseSpec:
     #: the product: a dense left operand, ``X S = (S^T X^T)^T`` (:func:`sparse_matmul`'s ``left``).
     b_transposed: bool = False
     out_transposed: bool = False
+    #: The first row of ``S`` the plan's ``m`` rows start at (an update reads the appended rows alone), and
+    #: the stored result added to the float64 sums before their one rounding (an update's ``C``).
+    s_first_row: int = 0
+    add: Location | None = None
 
 
 class _Pieces:
@@ -338,7 +342,7 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
             k1 = min(plan.n, k0 + plan.inner)
             bp = _b_block(spec, barr, k0, k1, c0, c1, b_dt)
             b_bytes += bp.nbytes
-            for piece in pieces(o0, o1, plan.entries):
+            for piece in pieces(spec.s_first_row + o0, spec.s_first_row + o1, plan.entries):
                 part = piece if (k0, k1) == (0, plan.n) else piece[:, k0:k1]
                 acc += part @ bp
     else:  # S^T B: columns o0:o1 of S against every row strip of S and B, in row order
@@ -346,9 +350,11 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
             r1 = min(plan.m, r0 + plan.rows)
             bs = _b_block(spec, barr, r0, r1, c0, c1, b_dt)
             b_bytes += bs.nbytes
-            for piece in pieces(r0, r1, plan.entries):
+            for piece in pieces(spec.s_first_row + r0, spec.s_first_row + r1, plan.entries):
                 part = piece if (o0, o1) == (0, plan.n) else piece[:, o0:o1]
                 acc += part.T @ bs
+    if spec.add is not None:  # an update: the stored tile joins the float64 sum (in the product's place)
+        acc += read_block(open_array(spec.add), slice(o0, o1), slice(c0, c1))
     out = open_array(spec.out, mode="r+")
     tile = acc.astype(out.dtype)
     if spec.check_finite and not np.isfinite(tile).all():
@@ -404,15 +410,19 @@ def sparse_gram_task(spec: SparseSpec) -> dict:
     n = plan.n
     acc = np.zeros((n, n), np.float64)
     amax = 0.0  # the largest entry read, for the range refusal's message
-    for r0 in range(0, plan.m, plan.rows):
-        r1 = min(plan.m, r0 + plan.rows)
+    for r0 in range(spec.s_first_row, spec.s_first_row + plan.m, plan.rows):
+        r1 = min(spec.s_first_row + plan.m, r0 + plan.rows)
         for piece in pieces(r0, r1, plan.entries, whole_rows=True):
             if piece.nnz:
                 amax = max(amax, float(np.max(np.abs(piece.data))))
             acc += piece.T @ piece.toarray()
-    _check_gram_range(acc, dt, amax)
     out = open_array(spec.out, mode="r+")
     band = max(1, out.chunks[0])
+    if spec.add is not None:  # an update: the stored Gram joins the float64 sum, by bands (the product's place)
+        old = open_array(spec.add)
+        for a in range(0, n, band):
+            acc[a:a + band] += read_block(old, slice(a, min(n, a + band)), slice(0, n))
+    _check_gram_range(acc, dt, amax)
     for a in range(0, n, band):
         write_block(out, slice(a, min(n, a + band)), slice(0, n), acc[a:a + band].astype(dt))
     if spec.done_dir is not None:
@@ -537,29 +547,54 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
         out_shape, out_chunks = plan.out_shape, plan.out_chunks
         if dense_left:
             out_shape, out_chunks = out_shape[::-1], out_chunks[::-1]
+        # each with the rows the tiles read (an append may commit between the opening and the claim)
         ao = job.output(out, inputs=[s.path, stored_input(B)], overwrite=overwrite, resume=resume,
-                        token=token, size=(out_shape, dt))
+                        token=token, size=(out_shape, dt), covered=[(s.path, int(s.shape[0]))] + (
+                            [] if B.staged else [(B.path, int(B.first_row) + int(B.shape[0]))]))
         open_or_create_array(ao, shape=out_shape, dtype=dt, chunks=out_chunks, codec=job.cfg.codec)
-        spec = SparseSpec(s=s.path, b=B.path, out=ao.array_path(), plan=plan, dtype=dt.name,
-                          b_first_row=int(getattr(B, "first_row", 0)), done_dir=ao.done,
-                          blas_threads=job.task_blas_threads(1), check_finite=job.check_finite,
-                          b_transposed=b_transposed, out_transposed=dense_left)
-        graph = TileGraph.named("matmul-sparse", token)
-        gi, gj = plan.grid
-        for i in range(gi):
-            for j in range(gj):
-                graph.add((i, j), sparse_tile, spec, i, j)
-        workers = _workers(job, plan)
-        results = job.run(graph, workers=workers, description=f"sparse {product} tiles", count_pass="a")
+        workers, results = run_product_tiles(job, s, B, plan, dt, ao, token, product=product,
+                                             b_transposed=b_transposed, out_transposed=dense_left)
         if job.check_finite and not below_normal_ok:
-            _check_normal_range(s, B, plan, dt, results, ao.array_path())
+            check_normal_range(s, B, plan, dt, results, ao.array_path())
         report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(workers), output=str(ao.path),
                             route="sparse", workers=workers, product=product,
                             phases={"sparse tiles (CSR pieces times B)": "cpu", "reads and writes": "cpu"})
         return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
 
-def _check_normal_range(s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype, results: list, out: Any) -> None:
+def run_product_tiles(job: Job, s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype, ao: Any, token: str | None,
+                      *, product: str, b_transposed: bool = False, out_transposed: bool = False, first_row: int = 0,
+                      add: Location | None = None) -> tuple[int, list]:
+    """Run the tiles of ``S B`` or ``S^T B`` into ``ao``'s array: ``(workers, the tasks' results)``.
+    ``first_row``: the plan's ``m`` rows of ``S`` start there (``B`` from its own ``first_row``); ``add``: a
+    stored result of the output's shape and dtype added to each tile's float64 sum (an update)."""
+    spec = SparseSpec(s=s.path, b=B.path, out=ao.array_path(), plan=plan, dtype=dt.name,
+                      b_first_row=int(getattr(B, "first_row", 0)), done_dir=ao.done,
+                      blas_threads=job.task_blas_threads(1), check_finite=job.check_finite,
+                      b_transposed=b_transposed, out_transposed=out_transposed, s_first_row=first_row, add=add)
+    graph = TileGraph.named("matmul-sparse", token)
+    gi, gj = plan.grid
+    for i in range(gi):
+        for j in range(gj):
+            graph.add((i, j), sparse_tile, spec, i, j)
+    workers = _workers(job, plan)
+    return workers, job.run(graph, workers=workers, description=f"sparse {product} tiles", count_pass="a")
+
+
+def run_gram_task(job: Job, s: SparseOperand, plan: SparsePlan, dt: np.dtype, ao: Any, token: str | None, *,
+                  first_row: int = 0, add: Location | None = None) -> None:
+    """Run ``S^T S``'s one task into ``ao``'s array (:func:`sparse_gram_task`); ``first_row``, ``add``: as
+    for :func:`run_product_tiles`."""
+    spec = SparseSpec(s=s.path, b=None, out=ao.array_path(), plan=plan, dtype=dt.name, done_dir=ao.done,
+                      blas_threads=job.task_blas_threads(1), check_finite=job.check_finite, s_first_row=first_row,
+                      add=add)
+    graph = TileGraph.named("gram-sparse", token)
+    graph.add((0,), sparse_gram_task, spec)
+    job.run(graph, workers=1, description="sparse S^T S", count_pass="a")
+
+
+def check_normal_range(s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype, results: list, out: Any, *,
+                       first_row: int = 0, stored: Any = None, fix: str | None = None) -> None:
     """Refuse a product whose every entry ``S`` and ``B`` put below ``dt``'s normal numbers:
     ``c max |s| max |b|`` below ``2^minexp``, ``c`` the most stored entries of a row of ``S`` (``S B``) or of
     a column (``S^T B``), the terms an output entry sums (:mod:`~blocklin.linalg.products.below_normal`:
@@ -568,7 +603,11 @@ def _check_normal_range(s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype
     digits, silently: near ``2^-1034`` ``1e-12`` off, up to ``8e-11``; float32 near ``2^-138`` ``5e-4``, up to
     ``1.5e-2``). The tiles' largest entries say whether to look (the output is
     read where a resumed run skipped tiles); then one read of ``S``'s values with its row offsets (``m + 1``)
-    or column indices (``nnz``), and a pass over ``B`` whose peaks are not recorded, on that path only."""
+    or column indices (``nnz``), and a pass over ``B`` whose peaks are not recorded, on that path only.
+
+    An update's (``first_row``: the plan's rows of ``S`` start there; ``stored``: the stored result added, an
+    operand) bounds ``c max |s_new| max |b_new| + max |C|`` over the appended rows, and its refusal's ``fix``
+    is the caller's (the update's appended rows had given subnormals where the old ones gave zeros)."""
     from blocklin.linalg.blocks.scaling import max_abs
     from blocklin.linalg.products.below_normal import refusal, shortfall, split_power
 
@@ -586,31 +625,40 @@ def _check_normal_range(s: SparseOperand, B: Any, plan: SparsePlan, dt: np.dtype
         return
     k = plan.n if plan.op == "SB" else plan.m
     side = "row" if plan.op == "SB" else "column"
-    peak, count = _sparse_peak_and_count(s, columns=plan.op != "SB")
-    found = shortfall([(lambda: float(count), lambda: peak, lambda: max_abs(B))], dt)
+    peak, count = _sparse_peak_and_count(s, columns=plan.op != "SB", rows=(first_row, first_row + plan.m))
+    terms = [(lambda: float(count), lambda: peak, lambda: max_abs(B))]
+    if stored is not None:
+        terms.append((lambda: max_abs(stored),))
+    found = shortfall(terms, dt)
     if found is None:
         return
     e, p = found
     pa, pb = split_power(p)
-    raise refusal("a", dt, e, p, f"c max |s| max |b| below 2^{e}, c = {count} entries at most in a {side} of s "
-                  f"(k = {k})",
+    bound = "c max |s| max |b|" + (" + max |c| (the stored result)" if stored is not None else "")
+    raise refusal("a", dt, e, p, f"{bound} below 2^{e}, c = {count} entries at most in a {side} of s "
+                  f"(k = {k})", fix or
                   f"scale the sparse matrix by 2^{pa} (x.data = numpy.ldexp(x.data, {pa}), then "
                   f"blocklin.from_sparse(x, ...)) and the dense operand by 2^{pb} (numpy.ldexp: exact): the product "
                   f"is then 2^{p} times this one, within range")
 
 
-def _sparse_peak_and_count(s: SparseOperand, *, columns: bool) -> tuple[float, int]:
+def _sparse_peak_and_count(s: SparseOperand, *, columns: bool, rows: tuple[int, int] | None = None
+                           ) -> tuple[float, int]:
     """``max |s_ij|`` of a stored sparse matrix and the most stored entries of one of its rows (of its columns
     with ``columns``): its ``nnz`` values read in pieces of a million, with its row offsets (``m + 1``) or,
-    for ``columns``, its column indices beside them (``nnz``, counted into ``n`` totals)."""
+    for ``columns``, its column indices beside them (``nnz``, counted into ``n`` totals). ``rows``: of those
+    rows alone (default: every row the attributes count)."""
     from blocklin.storage.zarr_store import read_vector
 
     st = SparseStore(s.path)
     step, top = 1 << 20, 0.0
     m, n = st.shape
+    r0, r1 = rows if rows is not None else (0, m)
+    # the attributes' nnz: an unfinished append may leave more stored
+    e0, e1 = (0, st.nnz) if rows is None else (int(st.indptr[r0]), int(st.indptr[r1]))
     counts = np.zeros(n, np.int64) if columns else None
-    for a in range(0, st.nnz, step):  # the attributes' nnz: an unfinished append may leave more stored
-        b = min(st.nnz, a + step)
+    for a in range(e0, e1, step):
+        b = min(e1, a + step)
         v = read_vector(st.data, a, b)
         if v.size:
             top = max(top, float(np.max(np.abs(v))))
@@ -619,8 +667,8 @@ def _sparse_peak_and_count(s: SparseOperand, *, columns: bool) -> tuple[float, i
     if counts is not None:
         return top, int(counts.max(initial=0))
     most = 0
-    for r in range(0, m, step):
-        ptr = read_vector(st.indptr, r, min(m, r + step) + 1).astype(np.int64, copy=False)
+    for r in range(r0, r1, step):
+        ptr = read_vector(st.indptr, r, min(r1, r + step) + 1).astype(np.int64, copy=False)
         most = max(most, int(np.diff(ptr).max(initial=0)))
     return top, most
 
@@ -737,18 +785,15 @@ def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwri
         params = {"trans": False, "dtype": dt.name, "route": "sparse"}
         # the job's settings: the codec of the array a resumed run writes into
         token = resume_token("gram-sparse", [s], params, plan.to_dict(), plan_settings(job))
-        ao = job.output(out, inputs=[s.path], overwrite=overwrite, resume=resume, token=token, size=((n, n), dt))
+        ao = job.output(out, inputs=[s.path], overwrite=overwrite, resume=resume, token=token, size=((n, n), dt),
+                        covered=[(s.path, m)])  # the rows the task reads (an append may commit meanwhile)
         band = max(1, min(n, (1 << 20) // max(1, n * dt.itemsize) or 1))
         open_or_create_array(ao, shape=(n, n), dtype=dt, chunks=(band, max(1, n)), codec=job.cfg.codec)
-        spec = SparseSpec(s=s.path, b=None, out=ao.array_path(), plan=plan, dtype=dt.name, done_dir=ao.done,
-                          blas_threads=job.task_blas_threads(1), check_finite=job.check_finite)
-        graph = TileGraph.named("gram-sparse", token)
-        graph.add((0,), sparse_gram_task, spec)
-        job.run(graph, workers=1, description="sparse S^T S", count_pass="a")
+        run_gram_task(job, s, plan, dt, ao, token)
         report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(), output=str(ao.path), route="sparse",
                             passes=job.passes("a"), product="S^T S")
         return job.finish(ao, out, report, operation="gram", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
 
-__all__ = ["SparseOperand", "SparsePlan", "plan_sparse", "sparse_gram", "sparse_matmul", "sparse_operand",
-           "sparse_product_plan"]
+__all__ = ["SparseOperand", "SparsePlan", "check_normal_range", "plan_sparse", "run_gram_task", "run_product_tiles",
+           "sparse_gram", "sparse_matmul", "sparse_operand", "sparse_product_plan"]

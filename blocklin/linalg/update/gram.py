@@ -53,6 +53,10 @@ def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, re
             "column whose entries need every row of A", "recompute it: blocklin gram A OUT --trans --overwrite "
             "(bl.gram(a, out, trans=True, overwrite=True))"))
     (g,) = growth
+    if params.get("route") == "sparse":  # S^T S of a stored sparse matrix (imported here: it reuses this module)
+        from blocklin.linalg.update.sparse_products import update_sparse_gram
+
+        return update_sparse_gram(job, out, prov, g, resume=resume)
     a = row_range(job.operand(g.url, "a"), 0, g.rows)
     new = row_range(a, g.old_rows, g.rows)
     op = Gram.of(new, dtype=params.get("dtype"), alpha=float(params.get("alpha", 1.0)))

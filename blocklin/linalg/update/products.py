@@ -47,6 +47,10 @@ def update_matmul(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                                      ", ".join(f"{g.url}: {g.old_rows} -> {g.rows} rows" for g in growth),
                                      "append the matching rows to both, then update"))
     ga, gb = growth
+    if params.get("route") == "sparse":  # S^T B of a stored sparse matrix
+        from blocklin.linalg.update.sparse_products import update_sparse_matmul
+
+        return update_sparse_matmul(job, out, prov, ga, gb, resume=resume)
     A, B = row_range(job.operand(ga.url, "a"), 0, ga.rows), row_range(job.operand(gb.url, "b"), 0, gb.rows)
     old = open_zarr(out)
     before = copied_before_claim(job, out, old)

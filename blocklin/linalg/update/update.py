@@ -26,8 +26,9 @@ within which bound):
 
 Results of a stored sparse matrix (a ``blocklin-csr`` group) record the version they cover as dense
 inputs' do; an ``svd``/``pca`` of one kept with ``updatable=True`` is updated the same way, its new
-rows read as CSR strips (recomputed by the sparse route where the update would miss ``tol``), and its
-other results are refused once it grew.
+rows read as CSR strips (recomputed by the sparse route where the update would miss ``tol``); its Gram
+``S^T S`` and its product ``S^T B`` add the appended rows' sums, read as CSR strips
+(:mod:`.sparse_products`); its other results are refused once it grew.
 
 Others are refused with the command that recomputes them: products ``A B`` (the result grows),
 inverses and factorizations of square matrices depend on every row; ``eigsh`` results are not
@@ -103,7 +104,8 @@ def _updatable(prov: dict) -> bool:
         return params.get("mode") == "r"
     if prov["operation"] == "matmul":
         return params.get("route") == "gram" and not params.get("trans_b") or \
-            bool(params.get("trans_a")) and not params.get("trans_b") and not params.get("beta")
+            bool(params.get("trans_a")) and not params.get("trans_b") and not params.get("beta") and \
+            not params.get("dense_left")  # X S^T of a dense X: its result grows by rows
     return prov["operation"] in UPDATABLE and not params.get("trans")
 
 
@@ -168,9 +170,11 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
                                      "floating-point inputs (blocklin convert --dtype float64 casts integer data)"))
     grown: list[Growth] = [growth(c, as_location(c["url"], options, name="input")) for c in covers]
     stale_sparse = [g for c, g in zip(covers, grown) if c.get("format") == SPARSE_FORMAT and not g.current]
-    if stale_sparse and not (op == "svd" and _updatable(prov) and not is_sketch(prov)):
+    sums = op in ("gram", "matmul") and _updatable(prov)  # S^T S, S^T B: sums over the rows
+    if stale_sparse and not sums and not (op == "svd" and _updatable(prov) and not is_sketch(prov)):
         g = stale_sparse[0]
-        kept = "an svd or pca computed with updatable=True (it keeps the co-moments an update reads)"
+        kept = ("a Gram S^T S, a product S^T B (matmul(S, B, trans_a=True)), or an svd or pca computed with "
+                "updatable=True (it keeps the co-moments an update reads)")
         raise ParameterError(explain(
             "out", f"must be {kept} to be updated from the rows appended to a stored sparse matrix",
             f"{loc.url!r}, the {name} of the sparse matrix {g.url!r}, which grew from {g.old_rows} to {g.rows} rows "
