@@ -109,9 +109,12 @@ def test_products_that_do_not_sum_over_the_rows_are_refused(tmp_path):
     bl.from_sparse(_rows(200, 6, np.float64), tmp_path / "S.zarr")
     bl.from_array(_dense(N, 6, np.float64), tmp_path / "B.zarr", chunks=(N, P))
     bl.matmul(tmp_path / "S.zarr", tmp_path / "B.zarr", tmp_path / "C.zarr")  # S B: grows by rows
+    x = np.random.default_rng(6).standard_normal((4, N))
+    bl.matmul(x, tmp_path / "S.zarr", tmp_path / "X.zarr", trans_b=True)  # X S^T: grows by columns
     bl.append(tmp_path / "S.zarr", _rows(5, 7, np.float64))
-    with pytest.raises(ParameterError, match=r"S\^T S, a product S\^T B.*grew from 200 to 205 rows"):
-        bl.update(tmp_path / "C.zarr")
+    for out in ("C.zarr", "X.zarr"):
+        with pytest.raises(ParameterError, match=r"S\^T S, a product S\^T B.*grew from 200 to 205 rows"):
+            bl.update(tmp_path / out)
 
 
 def test_b_must_grow_by_the_same_rows(tmp_path):

@@ -3,7 +3,8 @@ appended to it (and to ``B``): ``G + S_new^T S_new`` and ``C + S_new^T B_new``, 
 
 The sparse routes' own tasks (:mod:`blocklin.linalg.products.sparse_gemm`) run over the appended rows
 (read as CSR strips from their first row on; ``B``'s from the same row) with the stored result added to
-their float64 sums, which are then rounded once to the result's dtype, as the dense updates' pass route
+their float64 sums (of pieces multiplied in float64 for the Gram, in the data's precision for ``S^T B``, as
+the fresh run does), which are then rounded once to the result's dtype, as the dense updates' pass route
 does (:mod:`.gram`, :mod:`.products`). So a float64 update equals a recompute up to the order of the
 float64 sums, within the bound ``gamma_m |S|^T |B|`` (the Gram's ``gamma_m |S|^T |S|``), not bit for bit;
 a float32 result adds one float32 rounding of the stored result per update. The range checks are the
