@@ -65,6 +65,7 @@ def test_gram_and_product_updated_after_two_appends(tmp_path, dtype):
     bl.from_array(b0, tmp_path / "B.zarr", chunks=(128, P))
     g = bl.gram(tmp_path / "S.zarr", tmp_path / "G.zarr")
     c = bl.matmul(tmp_path / "S.zarr", tmp_path / "B.zarr", tmp_path / "C.zarr", trans_a=True)
+    bl.matmul(tmp_path / "S.zarr", tmp_path / "S.zarr", tmp_path / "M.zarr", trans_a=True)  # matmul's S^T S
     s, b = s0, b0
     for t, (p, seed) in enumerate(((90, 2), (45, 3)), start=1):
         sn, bn = _rows(p, seed, dtype, density=0.3), _dense(p, seed, dtype)
@@ -76,6 +77,9 @@ def test_gram_and_product_updated_after_two_appends(tmp_path, dtype):
             assert u.report["updated"]["rows_read"] == p and u.report["updated"]["rows"] == s.shape[0]
         _check(ug.to_numpy(), s, s, dtype, t)
         _check(uc.to_numpy(), s, b, dtype, t)
+        um = bl.update(tmp_path / "M.zarr")
+        assert um.report["updated"]["rows_read"] == p
+        _check(um.to_numpy(), s, s, dtype, t)
         for out in (tmp_path / "G.zarr", tmp_path / "C.zarr"):  # the version covered: a second update after the next append reads its rows
             prov = json.load(open(out / "zarr.json"))["attributes"]["blocklin"]
             assert [cv["shape"][0] for cv in prov["covers"]] == [s.shape[0]] * len(prov["covers"])
