@@ -81,6 +81,9 @@ def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: st
         passes = 1  # the (weighted, centered) Gram pass and its eigen-decomposition
     else:
         passes = 1 + refine
+    if orientation == "wide" and method == "auto" and not weighted:
+        steps.append("method 'auto': one more pass (the TSQR of A^T, the QR route) where the dual form's error bound "
+                     "is 100 times the QR route's or more (a small lam against ||A||; solve/wide_auto.py)")
     if weighted:
         steps.append("sample_weight: one pass over the m weights checks them (finite, >= 0, not all zero); "
                      + ("A's rows scaled by sqrt(w) as they are read (normal equations, on the CPU)"

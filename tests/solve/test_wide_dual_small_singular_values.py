@@ -1,5 +1,6 @@
-"""Wide ridge through the dual form ``x = A^T (A A^T + lam^2 I)^-1 b`` (``method`` "auto" and "normal") where ``A``
-has singular values far below ``sqrt(eps) ||A||``, the resolution of ``A A^T``'s eigenvalues.
+"""Wide ridge through the dual form ``x = A^T (A A^T + lam^2 I)^-1 b`` (``method="normal"``; ``"auto"`` takes the QR
+route where the dual form's bound is far above the QR's, tests/solve/test_wide_auto_route.py) where ``A`` has
+singular values far below ``sqrt(eps) ||A||``, the resolution of ``A A^T``'s eigenvalues.
 
 The dual route had left out of ``y`` every direction whose computed eigenvalue came out negative (``s = 0``)
 at every ``lam``. Those directions are rounding-level mixtures of ``A``'s small singular directions and, at
@@ -109,7 +110,7 @@ def test_wide_dual_keeps_directions_below_the_resolution(kind, intercept, weight
         assert bound < 0.5 * np.linalg.norm(x_ref)  # the bound itself leaves x a correct digit
         with warnings.catch_warnings():
             warnings.simplefilter("error", IllConditionedWarning)
-            x = bl.solve(a, b, lam=lam, fit_intercept=intercept, sample_weight=w)
+            x = bl.solve(a, b, lam=lam, fit_intercept=intercept, sample_weight=w, method="normal")
         assert x.report["method"] == "normal"
         err = float(np.linalg.norm(x.to_numpy() - x_ref))
         assert err <= bound, f"lam {lam:g}: error {err:.2e} > bound {bound:.2e} (||x|| {np.linalg.norm(x_ref):.2e})"
@@ -141,7 +142,7 @@ def test_wide_dual_condition_estimate_covers_the_error(kind, intercept):
     b = np.random.default_rng(7).standard_normal((M, 2))
     for lam in LAMS:
         x_ref, _, _ = _dual_mp(a, b, lam, intercept, None)
-        x = bl.solve(a, b, lam=lam, fit_intercept=intercept)
+        x = bl.solve(a, b, lam=lam, fit_intercept=intercept, method="normal")
         rel = np.linalg.norm(x.to_numpy() - x_ref, axis=0) / np.linalg.norm(x_ref, axis=0)
         delta = x.report["condition_estimate"] * EPS64
         assert np.all(rel <= delta) and delta < 1, (lam, rel, delta)

@@ -175,15 +175,31 @@ def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], cplx:
     """:func:`~blocklin.linalg.solve.wide.solve_wide`: ``A A^T`` (its SYRK pass, or the GEMM it falls
     back to; ``method="qr"``: the TSQR pass over ``A^T``, of the shifted columns and the first entries with an
     intercept), then ``x = A^T y`` of every lambda solved."""
-    from blocklin.linalg.blocks.tsqr import tsqr_kernel
-
-    m = A.shape[0]
     if method == "qr":
-        _row_pass(job, tsqr_kernel, [source(A, transposed=True)], {"dtype": "complex128" if cplx else "float64"}
-                  | ({"shift_first": True} if intercept else {}), reserve=small_bytes(m + intercept, 0), device="cpu")
+        _wide_qr_steps(job, A, cplx, intercept)
     else:
         _wide_gram_steps(job, A, cplx)
     _wide_solution_steps(job, A, B, kind=kind, lams=lams, intercept=intercept)
+
+
+def _wide_qr_steps(job: Any, A: Any, cplx: bool, intercept: bool) -> None:
+    """The TSQR pass over ``A^T`` (:func:`~blocklin.linalg.solve.qr_route.wide_qr_factor`)."""
+    from blocklin.linalg.blocks.tsqr import tsqr_kernel
+
+    m = A.shape[0]
+    _row_pass(job, tsqr_kernel, [source(A, transposed=True)], {"dtype": "complex128" if cplx else "float64"}
+              | ({"shift_first": True} if intercept else {}), reserve=small_bytes(m + intercept, 0), device="cpu")
+
+
+def wide_qr_refusal(job: Any, A: Any, *, intercept: bool, cplx: bool) -> BudgetError | None:
+    """The refusal of the TSQR pass over a wide ``A^T`` at ``job``'s budget, or None where it plans: the pass
+    ``method="auto"`` may add after the dual form's (:mod:`~blocklin.linalg.solve.wide_auto`), which the call's
+    plan does not require (the dual form is kept where it does not fit)."""
+    try:
+        _wide_qr_steps(job, A, cplx, intercept)
+    except BudgetError as err:
+        return err
+    return None
 
 
 def _wide_gram_steps(job: Any, A: Any, cplx: bool) -> None:
@@ -260,4 +276,4 @@ def _stored_gram_steps(job: Any, A: Any, B: Any) -> None:
         product(store("r", m), True, store("z", n), 1.0, -1.0)
 
 
-__all__ = ["plan_least_squares", "plan_steps"]
+__all__ = ["plan_least_squares", "plan_steps", "wide_qr_refusal"]

@@ -82,9 +82,13 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         ``R``: accurate when ``lam`` is tiny or ``A`` ill-conditioned (no squaring of the condition
         number). ``"auto"``: the normal equations when the reciprocal condition estimate of
         ``A^T A + lam^2 I`` exceeds ``1e-10``, otherwise QR (one more pass); sequences, GCV and the
-        L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``) uses the dual
-        form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from an out-of-core GEMM
-        (``method="qr"`` is refused there).
+        L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``): ``"normal"`` is the
+        dual form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from a SYRK pass (relative error up to
+        ``eps ||A||^2 / lam^2``), ``"qr"`` the SVD of the streaming R factor of ``A^T`` (``A A^H = R^H R``, never
+        formed; backward stable for ``[A; lam I]``); ``"auto"`` the dual form, switched to the QR route (one
+        more pass) where the dual form's error bound at the lambda(s) solved, given or chosen, is
+        ``AUTO_DUAL_MARGIN = 100`` times the QR route's or more (:mod:`blocklin.linalg.solve.wide_auto`; not
+        with ``sample_weight`` or ``cv=``, whose fits the dual form makes).
     assume_a : {"gen", "pos", "sym"}
         ``"gen"`` (default): the regularized least-squares problem above; a **square** ``A`` with
         ``lam=0`` and ``method="auto"`` is a linear system, solved for any ``n`` by the out-of-core

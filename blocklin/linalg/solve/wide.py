@@ -22,6 +22,7 @@ from blocklin.linalg.blocks.scaling import column_exponents_for, incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram, without_direction
 from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x, warn_intercept
+from blocklin.linalg.solve.wide_auto import takes_qr
 from blocklin.runtime.powers import ldexp
 from blocklin.matrix import Matrix
 from blocklin.runtime.passes import run_pass, source
@@ -104,15 +105,17 @@ def _wide_gram_gemm(ctx: TikhonovRun) -> dict:
     return {"g": g, "v": v}
 
 
-def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
+def solve_wide(ctx: TikhonovRun, x_path: str, qr_reason: str | None = None) -> dict:
     """Dual form: ``A A^T`` by an out-of-core GEMM, eigen-decomposition, ``x = A^T y`` by another.
 
-    Both GEMMs run in the solve's own job (each counted as a pass over ``A``).
+    Both GEMMs run in the solve's own job (each counted as a pass over ``A``). ``method="qr"``, or ``qr_reason``
+    (why ``method="auto"`` switched, :mod:`~blocklin.linalg.solve.wide_auto`): ``A A^H = R^H R`` from the TSQR of
+    ``A^T`` instead.
     """
     job = ctx.job
     ctx.phases["solution GEMM"] = job.device
     r = None
-    if ctx.method == "qr":  # A A^H = R^H R from the TSQR of A^T (qr_route.wide_qr_factor), never formed
+    if ctx.method == "qr" or qr_reason:  # A A^H = R^H R from the TSQR of A^T (qr_route.wide_qr_factor), never formed
         from blocklin.linalg.solve.qr_route import cut_centering_noise, dual_spectrum, wide_qr_factor
 
         r, ea, c_first = wide_qr_factor(ctx)  # with an intercept: the columns less their first entries
@@ -166,7 +169,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
             ctx.dual_kernel = (r.conj().T @ r, bm)
         if ctx.intercept:  # the centering's rounding, relative to the uncentered R (qr_route: constant columns)
             cut_centering_noise(spec, float(np.linalg.norm(r)), ctx.m, ctx.n, exclude=np.sqrt(w) / math.sqrt(S))
-        info = {"method": "qr", "method_reason": "requested (wide a: the SVD of the streaming R factor of A^T"
+        info = {"method": "qr", "method_reason": (qr_reason or "requested") + " (wide a: the SVD of the streaming R factor of A^T"
                 + (" centered on the right" if ctx.intercept else "") + ", A A^H = R^H R never formed; x = A^H y)",
                 "norm_a": float(np.linalg.norm(spec.s))}
     else:
@@ -181,21 +184,30 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
                 if ctx.cdtype == "float64" else "wide a: dual form x = A^H (A A^H + lam^2 I)^-1 b",
                 "norm_a": math.sqrt(max(float(np.trace(g).real), 0.0))}
     factor_spec = spec  # the R factor's own spectrum (the intercept's R y, below)
-    if ctx.intercept:
-        spec = _without_intercept_direction(ctx, spec, np.sqrt(w))
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     held: list = []  # the spectrum's warnings, where the bordered solves may take every solution again
-    if ctx.intercept and r is None and ctx.cdtype == "float64":
+    bordered = ctx.intercept and r is None and ctx.cdtype == "float64"
+    switchable = r is None and takes_qr(ctx)  # method="auto": the QR route may be worth its pass (wide_auto)
+    if bordered or switchable:  # held: said later, or not at all where the QR route gives x
         import warnings
 
         try:
             with warnings.catch_warnings(record=True) as held:
                 warnings.simplefilter("always")
+                spec = _without_intercept_direction(ctx, spec, np.sqrt(w)) if ctx.intercept else spec
                 ys = coefficients(ctx, spec, info, "row")
         except BaseException:  # what was said before a refusal or an interrupt is said still
             _replay(held, superseded=False)
             raise
+        reason = _auto_switch(ctx, spec, info, (g, g_raw)) if switchable else None
+        if reason:
+            ctx.dual_kernel = ctx.loo_choice = None  # the dual spectrum's, which the QR route does not take
+            return solve_wide(ctx, x_path, qr_reason=reason)
+        if not bordered:
+            _replay(held, superseded=False)
+            held = []
     else:
+        spec = _without_intercept_direction(ctx, spec, np.sqrt(w)) if ctx.intercept else spec
         ys = coefficients(ctx, spec, info, "row")
     if ctx.dual_kernel is not None and not ctx.intercept:  # rows far apart: the solves again from the row-scaled
         # kernel; with an intercept dual_kernel is the kernel of the rows less a row (the bordered system's,
@@ -343,6 +355,39 @@ def _factor_times_y(spec: Any, lam: Any, count: int) -> list[np.ndarray]:
     if count == 1 and len(lams) > 1:  # one lambda per right-hand side (leave-one-out per target)
         return [np.column_stack([u @ (filters(s, l)[0] * beta[:, j]) for j, l in enumerate(lams)])]
     return [u @ (filters(s, l)[0][:, None] * beta) for l in lams]
+
+
+def _auto_switch(ctx: TikhonovRun, spec: Any, info: dict, kernels: tuple) -> str | None:
+    """Why ``method="auto"`` takes the QR route for this wide solve, or None (the dual form's ``x``): where the dual
+    form's first-order error bound at the lambdas solved (``info["lam"]``, chosen or given) is
+    :data:`~blocklin.linalg.solve.wide_auto.AUTO_DUAL_MARGIN` times the QR route's or more
+    (:func:`~blocklin.linalg.solve.wide_auto.qr_gain`), and the TSQR pass fits the budget; where it does not, the
+    dual form is kept and an :class:`~blocklin.errors.IllConditionedWarning` gives the bound. ``kernels``: the
+    (centered) ``A A^T`` and, with an intercept, that of the rows less the first (the row-scaled solves')."""
+    from blocklin.config import format_size
+    from blocklin.errors import IllConditionedWarning, warn
+    from blocklin.linalg.solve.least_squares_budget import wide_qr_refusal
+    from blocklin.linalg.solve.spectrum import per_target
+    from blocklin.linalg.solve.wide_auto import AUTO_DUAL_MARGIN, qr_gain
+
+    lams = [float(v) for v in np.atleast_1d(np.asarray(info.get("lam", ctx.lams), dtype=np.float64))]
+    gain, lam = qr_gain(spec, lams, per_target(ctx, lams), kernels if ctx.cdtype == "float64" else None,
+                        bool(ctx.intercept))
+    if not gain >= AUTO_DUAL_MARGIN:
+        return None
+    ea = ctx.sa.exponent if ctx.sa is not None else 0
+    at = f"lam = {float(np.ldexp(lam, ea)):.3g}"
+    refusal = wide_qr_refusal(ctx.job, ctx.A, intercept=bool(ctx.intercept), cplx=ctx.cdtype != "float64")
+    if refusal is not None:
+        need = f"raise memory= to at least {format_size(refusal.minimum)}" if refusal.minimum else "raise memory="
+        warn(f"solve: wide a at {at}: the dual form's first-order error bound is {gain:.3g} times the QR route's "
+             f"(report['condition_estimate'] = {float(info.get('condition_estimate', 0.0)):.3g} times eps), but "
+             f"the TSQR pass of A^T that route needs does not fit memory={format_size(ctx.job.cfg.memory)}: kept the "
+             f"dual form; {need}, or pass a larger lam", IllConditionedWarning)
+        return None
+    return (f"switched to the QR route at {at}: the dual form's first-order error bound (eps ||A||^2 / lam^2 at "
+            f"worst) is {gain:.3g} times that of the R factor of A^T, backward stable for [A; lam I] "
+            f"(>= {AUTO_DUAL_MARGIN:.0e}); one more pass")
 
 
 def _rows_apart_solves(ctx: TikhonovRun, spec: Any, info: dict, ys: list[np.ndarray]) -> list[np.ndarray]:
