@@ -144,12 +144,12 @@ def test_wide_auto_sequence_takes_the_qr_route_for_every_lambda():
     a, b = _matrix(), _rhs()
     lams = [1e-6 * SCALE, SCALE]
     x = bl.solve(a, b, lam=lams)
-    assert x.report["method"] == "qr"
     xs = x.to_numpy()
     for i, lam in enumerate(lams):
         x_ref, _, rk, norm_a = _reference(a, b, lam)
         err = np.linalg.norm(xs[:, 2 * i:2 * i + 2] - x_ref, axis=0)
         assert np.all(err <= _stacked_bound(x_ref, rk, norm_a, lam, M, N)), (lam, err)
+    assert x.report["method"] == "qr"
 
 
 @pytest.mark.parametrize("rule", ["gcv", ("loo", [1e-6 * SCALE, 1e-5 * SCALE])])
@@ -179,3 +179,46 @@ def test_wide_auto_keeps_the_dual_form_where_the_qr_pass_does_not_fit(monkeypatc
     with pytest.warns(IllConditionedWarning, match="does not fit memory=.*at least 1.00 TiB"):
         x = bl.solve(a, b, lam=1e-6 * SCALE)
     assert x.report["method"] == "normal"
+
+
+def test_wide_auto_switch_resumes_from_both_passes(tmp_path, monkeypatch):
+    """Interrupted after the dual form's pass and the TSQR pass, the resumed run loads both (the same choice from
+    the recorded Gram matrix) and gives the uninterrupted run's bits."""
+    import blocklin.linalg.solve.wide as wide
+
+    a, b = _matrix(), _rhs()
+    args = (bl.from_array(a, tmp_path / "a.zarr").path, bl.from_array(b, tmp_path / "b.zarr").path)
+    lam = 1e-6 * SCALE
+    ref = bl.solve(*args, lam=lam, out=str(tmp_path / "ref.zarr"))
+    assert ref.report["method"] == "qr"
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wide, "unscaled_x", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(*args, lam=lam, out=str(tmp_path / "x.zarr"), resume=True)
+    monkeypatch.undo()
+    x = bl.solve(*args, lam=lam, out=str(tmp_path / "x.zarr"), resume=True)
+    assert {"wide-gram", "wide-tsqr-pass"} <= set(x.report["resumed_passes"])
+    assert x.report["method"] == "qr"
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_wide_auto_complex_takes_the_qr_route(intercept):
+    """Complex data: the same rule on ``A A^H``'s spectrum; switched, ``x`` is ``method="qr"``'s bit for bit (the
+    QR route's accuracy on complex data: tests/solve/test_complex_least_squares.py), and the dual form's was
+    about ``2e-5`` from it."""
+    rng = np.random.default_rng(1)
+    u = np.linalg.qr(rng.standard_normal((M, M)) + 1j * rng.standard_normal((M, M)))[0]
+    v = np.linalg.qr(rng.standard_normal((N, N)) + 1j * rng.standard_normal((N, N)))[0][:M]
+    a = (u * (SCALE * np.logspace(0, -8, M))) @ v
+    b = rng.standard_normal((M, 2)) + 1j * rng.standard_normal((M, 2))
+    lam = 1e-6 * SCALE
+    x = bl.solve(a, b, lam=lam, fit_intercept=intercept)
+    q = bl.solve(a, b, lam=lam, fit_intercept=intercept, method="qr")
+    assert x.report["method"] == "qr"
+    np.testing.assert_array_equal(x.to_numpy(), q.to_numpy())
+    if intercept:
+        np.testing.assert_array_equal(x.intercept, q.intercept)

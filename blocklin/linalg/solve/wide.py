@@ -371,12 +371,14 @@ def _auto_switch(ctx: TikhonovRun, spec: Any, info: dict, kernels: tuple) -> str
     from blocklin.linalg.solve.wide_auto import AUTO_DUAL_MARGIN, qr_gain
 
     lams = [float(v) for v in np.atleast_1d(np.asarray(info.get("lam", ctx.lams), dtype=np.float64))]
-    gain, lam = qr_gain(spec, lams, per_target(ctx, lams), kernels if ctx.cdtype == "float64" else None,
-                        bool(ctx.intercept))
+    # the row-scaled solves' kernels where the route makes them (the bordered ones of real data only)
+    rescaled = ctx.cdtype == "float64" or not ctx.intercept
+    gain, lam = qr_gain(spec, lams, per_target(ctx, lams), kernels if rescaled else None, bool(ctx.intercept))
     if not gain >= AUTO_DUAL_MARGIN:
         return None
     ea = ctx.sa.exponent if ctx.sa is not None else 0
-    at = f"lam = {float(np.ldexp(lam, ea)):.3g}"
+    at = f"lam = {float(np.ldexp(lam, ea)):.3g}" + (" (the choice on A A^T's spectrum; the R factor's spectrum chooses "
+                                                  "again)" if ctx.kind in ("gcv", "lcurve", "loo") else "")
     refusal = wide_qr_refusal(ctx.job, ctx.A, intercept=bool(ctx.intercept), cplx=ctx.cdtype != "float64")
     if refusal is not None:
         need = f"raise memory= to at least {format_size(refusal.minimum)}" if refusal.minimum else "raise memory="
