@@ -5,7 +5,9 @@ GEMM, its eigen-decomposition for every lambda, and ``x = A^T y`` by another GEM
 a pass of the columns less their first entries, :func:`_shifted_product`); ``fit_intercept``
 centers ``A A^T`` on both sides (by the weighted means with ``sample_weight``, whose ``sqrt(w)`` then
 scales it on both sides), and ``lam="loo"`` chooses from the same eigen-decomposition in memory
-(:mod:`blocklin.linalg.solve.loo`).
+(:mod:`blocklin.linalg.solve.loo`). ``method="qr"`` takes ``A A^H = R^H R`` from the TSQR of ``A^T`` instead, and
+``method="auto"`` switches to it where the dual form's error bound is far above its own
+(:mod:`blocklin.linalg.solve.wide_auto`).
 """
 
 from __future__ import annotations
