@@ -38,7 +38,7 @@ from blocklin.progress import make_progress
 from blocklin.storage import ownership
 from blocklin.storage.backend import backend
 from blocklin.storage.completeness import STORED_KEY, stored_chunk_indices
-from blocklin.storage.location import Location
+from blocklin.storage.location import Location, as_location
 from blocklin.storage.recorded_peaks import PeakTally, recordable, recorded, record as record_peaks
 from blocklin.storage.records import PENDING_RECORD
 from blocklin.storage.append_dtypes import append_dtype, check_exact
@@ -136,12 +136,15 @@ class _ArrayRows:
         pass
 
 
-def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict) -> tuple[Any, str, Location | None]:
+def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict,
+                 storage_options: dict | None = None) -> tuple[Any, str, Location | None]:
     """A reader of the rows to append, what to call them, and the stored location (None in memory)."""
     from blocklin.matrix import Matrix
 
     if isinstance(rows, Matrix):
         rows = rows.location  # read by row panels, never loaded whole
+    elif isinstance(rows, str) and "://" in rows:  # a URL is read with the call's storage_options, as a's
+        rows = as_location(rows, storage_options, name="rows")
     if isinstance(rows, (str, Location)) or hasattr(rows, "__fspath__"):
         from blocklin.storage.formats import open_reader
         from blocklin.storage.stamps import input_location
@@ -274,7 +277,7 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
     rec = read_journal(loc)
     if rec is not None:
         check_not_busy(loc, rec)
-    reader, what, src_loc = _rows_source(rows, n, from_format, reader_options)
+    reader, what, src_loc = _rows_source(rows, n, from_format, reader_options, storage_options)
     try:
         if src_loc is not None:
             from blocklin.storage.guard import relation
