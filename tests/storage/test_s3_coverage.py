@@ -186,3 +186,31 @@ def test_numpy_protocol_on_matrices_opened_from_s3(bucket):
         assert xl.dtype == np.float64
         assert_solve(xl, np.linalg.solve(sq32, RHS), sq32)
 
+
+def test_square_solve_from_s3_takes_the_lu_route(bucket):
+    """A square ``A`` in the bucket, its ``storage_options`` given to the call: ``solve`` runs LU with
+    partial pivoting (``cond(A)``), as for a local ``A``. The route is chosen from the operand's shape,
+    read without the call's options, so ``A`` had gone to the least-squares route of the normal
+    equations (``cond(A)^2``, here ``10^20``: beyond float64)."""
+    url, opts = bucket
+    a = _graded_square(N, 1e10, seed=8)
+    blocklin.from_array(a, url("graded"), chunks=(18, 18), storage_options=opts)
+    x = blocklin.solve(url("graded"), url("rhs"), memory="192KiB", storage_options=opts)
+    assert x.report["method"] == "lu", x.report["method"]
+    assert_solve(x.to_numpy(), np.linalg.solve(a, RHS), a)
+
+
+def _graded_square(n, kappa, seed):
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
+
+
+def test_half_precision_inverse_from_s3(bucket):
+    """``inv(precision='bf16')`` of a square ``A`` in the bucket, read with the call's options: the inverse
+    (GMRES-IR refined to float64's backward error, so the float64 forward bound of a solve holds)."""
+    url, opts = bucket
+    x = blocklin.inv(url("sq"), precision="bf16", memory="1MiB", storage_options=opts)
+    assert x.shape == (N, N)
+    assert_solve(x.to_numpy(), np.linalg.inv(SQ), SQ)

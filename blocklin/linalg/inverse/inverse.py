@@ -444,13 +444,14 @@ def _inv_half(a: Any, *, out: Any, precision: str, method: str, tol: float | Non
         _half_refusal(precision, "method='schur'", "method must be 'auto' or 'lu'")
     if explain:
         _half_refusal(precision, "explain=True", "there is no inverse plan to explain")
-    shape = operand_shape(a)
+    opts = settings.get("storage_options")
+    shape = operand_shape(a, opts)
     if shape is None or shape[0] != shape[1]:  # the solve's own checks name what is wrong
         return solve_square(a, np.ones((shape[0] if shape else 1, 1)), out, precision=precision, overwrite=overwrite,
                             resume=resume, **settings)
     n = shape[0]
     # I in A's dtype: the solve refuses a float32 or complex A by the precision's rule, not by a dtype mix
-    x = solve_square(a, np.eye(n, dtype=operand_dtype(a) or np.float64), out, precision=precision, tol=tol, max_refine=max_refine, overwrite=overwrite,
+    x = solve_square(a, np.eye(n, dtype=operand_dtype(a, opts) or np.float64), out, precision=precision, tol=tol, max_refine=max_refine, overwrite=overwrite,
                      resume=resume, reason=f"inv(precision={precision!r}): A X = I solved as one block of {n} "
                      "right-hand sides (LU with 16-bit GEMM inputs, GMRES-IR)", **settings)
     r = x.report  # the entries every inverse reports, from the solve's

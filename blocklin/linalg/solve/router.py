@@ -253,7 +253,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                              overwrite=overwrite, explain=explain, fit_intercept=fit_intercept, precision=precision,
                              resume=resume, updatable=updatable, tol=tol, max_iter=max_iter, settings=settings)
     _refuse_sparse_only(method, tol, max_iter)
-    _refuse_empty(a)
+    _refuse_empty(a, settings.get("storage_options"))
     if is_dataarray(a) and not explain:  # labelled: x over A's columns (and b's), from the unlabelled solve
         check_rows(a, b)  # before anything runs: position-matched rows of other labels solve another problem
         kind, lams = parse_lam(lam, zero_grid=cv is not None)
@@ -270,7 +270,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     updatable = flag("updatable", updatable)
     weighted = sample_weight is not None
     reason = _square_reason(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method,
-                            fit_intercept=fit_intercept or weighted or positive, precision=precision)
+                            fit_intercept=fit_intercept or weighted or positive, precision=precision,
+                            storage_options=settings.get("storage_options"))
     if updatable and (assume_a != "gen" or reason is not None):
         raise ParameterError(_msg("updatable", "needs a least-squares solve of a tall A (a square system's "
                                   "factors depend on every row)", f"a square solve ({reason or assume_a})",
@@ -337,8 +338,8 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
     positive = _checked_extras(kind, method, "gen", weighted, positive, False, False)[0]
     refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
     if _square_reason(a, b, assume_a="gen", kind=kind, lams=lams, method=method,
-                      fit_intercept=bool(fit_intercept) or weighted or positive,
-                      precision="double"):  # a square system: the LU's plan
+                      fit_intercept=bool(fit_intercept) or weighted or positive, precision="double",
+                      storage_options=settings.get("storage_options")):  # a square system: the LU's plan
         from blocklin.linalg.factor.lu import lu
 
         return lu(a, explain=True, **settings)
@@ -639,12 +640,12 @@ def _least_squares_plan(job: Job, A: Any, B: Any, *, kind: str, method: str, ref
     return plan
 
 
-def _refuse_empty(a: Any) -> None:
+def _refuse_empty(a: Any, storage_options: dict | None) -> None:
     """An ``A`` with no rows or no columns is refused by name: its passes had divided by a zero strip
     size or summed a SYRK of no columns (a ZeroDivisionError or NumPy's "unexpected array size")."""
     from blocklin.linalg.solve.square import operand_shape
 
-    shape = operand_shape(a) if not is_dataarray(a) else tuple(a.shape)
+    shape = operand_shape(a, storage_options) if not is_dataarray(a) else tuple(a.shape)
     if shape is not None and 0 in shape:
         raise ShapeError(_msg("a", "must have at least one row and one column", f"shape {shape[0]} x {shape[1]}",
                               "blocklin.lstsq(a, b) returns x = 0 (no unknowns, or no equations to fit) for such a "
@@ -652,14 +653,15 @@ def _refuse_empty(a: Any) -> None:
 
 
 def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
-                   precision: str) -> str | None:
+                   precision: str, storage_options: dict | None) -> str | None:
     """Why a ``gen`` problem is solved as a square system (None: least squares); ``precision="mixed"``
-    is refused where no square route runs."""
+    is refused where no square route runs. ``storage_options``: the call's, for operands at URLs."""
     from blocklin.linalg.solve.square import dtypes_known_square, operand_shape, square_route
 
-    shape = operand_shape(a) if assume_a == "gen" else None
+    shape = operand_shape(a, storage_options) if assume_a == "gen" else None
     reason = square_route(shape, assume_a=assume_a, lam_kind=kind, lams=lams, method=method,
-                          fit_intercept=fit_intercept, same_dtypes=dtypes_known_square(a, b)) if shape is not None else None
+                          fit_intercept=fit_intercept,
+                          same_dtypes=dtypes_known_square(a, b, storage_options)) if shape is not None else None
     if assume_a == "gen" and reason is None and precision != "double":
         raise ParameterError(_msg("precision", f"'{precision}' applies to square systems (square a, lam=0, method='auto', "
                                   "or assume_a='pos'/'sym')", f"precision={precision!r} for a least-squares problem "

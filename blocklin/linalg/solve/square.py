@@ -95,44 +95,47 @@ def square_route(shape: tuple[int, int], *, assume_a: str, lam_kind: str, lams: 
             "iterative refinement")
 
 
-def operand_shape(x: Any) -> tuple[int, int] | None:
+def operand_shape(x: Any, storage_options: dict | None = None) -> tuple[int, int] | None:
     """The 2-D shape of an operand without staging it (``None`` when it cannot be told cheaply)."""
-    meta = _peek(x)
+    meta = _peek(x, storage_options)
     return tuple(meta.shape) if meta is not None and len(meta.shape) == 2 else None
 
 
-def operand_dtype(x: Any) -> np.dtype | None:
+def operand_dtype(x: Any, storage_options: dict | None = None) -> np.dtype | None:
     """The dtype of an operand without staging it (``None`` when it cannot be told cheaply)."""
-    meta = _peek(x)
+    meta = _peek(x, storage_options)
     return np.dtype(meta.dtype) if meta is not None else None
 
 
-def dtypes_known_equal(a: Any, b: Any) -> bool:
+def dtypes_known_equal(a: Any, b: Any, storage_options: dict | None = None) -> bool:
     """Whether two operands are known, without staging them, to share their dtype."""
-    ma, mb = _peek(a), _peek(b)
+    ma, mb = _peek(a, storage_options), _peek(b, storage_options)
     return ma is not None and mb is not None and np.dtype(ma.dtype) == np.dtype(mb.dtype)
 
 
-def dtypes_known_square(a: Any, b: Any) -> bool:
+def dtypes_known_square(a: Any, b: Any, storage_options: dict | None = None) -> bool:
     """Whether the operands' dtypes, known without staging them, let a square system take the square
     routes: equal, or either complex (a real and a complex one of one precision are promoted as NumPy
     does; :func:`_operands` refuses any other mix with its reason), so that complex data never falls
     to the least-squares routes, which refuse it."""
-    ma, mb = _peek(a), _peek(b)
+    ma, mb = _peek(a, storage_options), _peek(b, storage_options)
     if ma is None or mb is None:
         return False
     da, db = np.dtype(ma.dtype), np.dtype(mb.dtype)
     return da == db or "c" in (da.kind, db.kind)
 
 
-def _peek(x: Any) -> Any:
-    """An object with the operand's ``shape`` and ``dtype`` (an array, or the opened store), or None."""
+def _peek(x: Any, storage_options: dict | None = None) -> Any:
+    """An object with the operand's ``shape`` and ``dtype`` (an array, or the opened store), or None.
+
+    ``storage_options`` are the call's: a URL opened without them (an S3 key given to the call) was
+    not known square, and a square system went to the least-squares routes (``cond(A)^2``)."""
     if getattr(x, "shape", None) is not None and getattr(x, "dtype", None) is not None:
         return x
     try:
         from blocklin.create import open as open_matrix
 
-        return open_matrix(x)
+        return open_matrix(x, storage_options=storage_options)
     except Exception:  # not a stored matrix: the solver's own checks report it
         return None
 
