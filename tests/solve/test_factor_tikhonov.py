@@ -42,6 +42,27 @@ def test_stored_gram_route_matches_reference(tmp_path, dtype, m, n):
     np.testing.assert_allclose(r["residual_norm"], res, rtol=1e-6 if dtype == np.float32 else 1e-10)
 
 
+def test_stored_gram_least_squares_without_lam_says_nothing_of_c(tmp_path):
+    """``lam=0`` on the stored-Gram route: each refinement step's ``A^T r - lam^2 x`` had passed ``x`` as a
+    GEMM's ``c`` with ``beta = 0``, and the GEMM warned the user "c is ignored because beta=0; pass beta=1.0
+    to add it" (of arguments the call never had). ``x`` against NumPy's least-squares solution: the bound of
+    Higham Thm 20.1 (``kappa`` and ``kappa^2 ||r||`` terms, two computations)."""
+    import warnings
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((400, 120))
+    b = rng.standard_normal((400, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bl.errors.BlocklinWarning)
+        x = bl.solve(bl.from_array(a, tmp_path / "a.zarr", chunks=(64, 64)), b, memory="192KiB", scheduler="sync")
+    assert x.report["method"] == "normal" and "out-of-core" in x.report["method_reason"]
+    ref, _, _, s = np.linalg.lstsq(a, b, rcond=None)
+    kappa = s[0] / s[-1]
+    r = np.linalg.norm(a @ ref - b)
+    bound = 8 * 400 * np.finfo(np.float64).eps * (kappa * np.linalg.norm(ref) + kappa ** 2 * r / s[0])
+    assert np.linalg.norm(x[...] - ref) <= bound
+
+
 def test_stored_gram_identical_bits_across_schedulers(tmp_path):
     rng = np.random.default_rng(1)
     a = bl.from_array(rng.standard_normal((150, 170)), tmp_path / "a.zarr", chunks=(32, 32))

@@ -338,8 +338,11 @@ class _GramSolve:
         ``c = conj(c) - lam^2 x`` in place (``c`` is rewritten whole by the GEMM first: a rerun is safe)."""
         A, m, k = self.A, self.m, self.k
         if not self.cplx:
-            self.gemm(c_path, A, self.operand(self.r, (m, k), "r"), zop, trans_a=True, alpha=1.0, beta=-self.lam**2,
-                      description="A^T r - lam^2 x")
+            # x only where lam > 0: a c with beta = 0 is Gemm's user warning ("c is ignored"), said on every step
+            # of a plain least-squares solve
+            shift = -self.lam**2
+            self.gemm(c_path, A, self.operand(self.r, (m, k), "r"), zop if shift else None, trans_a=True, alpha=1.0,
+                      beta=shift, description="A^T r - lam^2 x")
             return
         self.conj_into(self.rc, self.r, m, description="conj(r)")  # out of place: a rerun reads the same r
         self.gemm(c_path, A, self.operand(self.rc, (m, k), "conj(r)"), trans_a=True, description="A^T conj(r)")
