@@ -123,3 +123,32 @@ def test_eigsh_of_numpy_data_on_cluster_with_s3_temp_runs_at_the_named_minimum(c
     assert not res.report["in_core"] and res.report["scheduler"] == "distributed"
     np.testing.assert_allclose(res.w, scipy.linalg.eigh(a, eigvals_only=True)[-4:], rtol=1e-9, atol=1e-9)
     assert not backend(as_location(f"{base}/tmp", opts)).keys("")  # the staged copy is gone
+
+
+def test_factor_and_solve_on_cluster_with_s3_data_and_temp(client, s3):
+    """Operands, outputs and the temp dir in the bucket, the workers reading and writing them with the
+    call's storage_options: the square solve (LU, told square with those options), the Cholesky factor
+    and the QR against NumPy. Bounds: forward error ``8 n eps cond(A) ||x||`` (Higham Thm 7.2, 9.4),
+    ``||A - L L^T|| <= 2 n eps ||L||^2`` (Thm 10.3), ``||A - Q R|| <= 4 m eps ||A||`` (Thm 19.4)."""
+    from support.tolerances import assert_factorization, assert_orthonormal, assert_solve
+
+    base, opts = s3
+    rng = np.random.default_rng(9)
+    n = 70
+    g = rng.standard_normal((n, n))
+    sq = g + 8 * np.eye(n)
+    spd = g @ g.T / n + np.eye(n)
+    rhs = rng.standard_normal((n, 2))
+    for name, x in (("sq", sq), ("spd", spd), ("rhs", rhs), ("tall", A)):
+        blocklin.from_array(x, f"{base}/{name}.zarr", chunks=(35, 35), storage_options=opts)
+    kw = {"memory": "512KiB", "storage_options": opts, "temp_dir": f"{base}/tmp", "scheduler": client}
+    x = blocklin.solve(f"{base}/sq.zarr", f"{base}/rhs.zarr", out=f"{base}/x.zarr", **kw)
+    assert x.report["method"] == "lu" and x.report["scheduler"] == "distributed"
+    assert_solve(x.to_numpy(), np.linalg.solve(sq, rhs), sq)
+    L = blocklin.cholesky(f"{base}/spd.zarr", f"{base}/L.zarr", **kw).to_numpy()
+    assert_factorization(spd, L @ L.T, factors=(L, L))
+    q, r = blocklin.qr(f"{base}/tall.zarr", f"{base}/R.zarr", q=f"{base}/Q.zarr", mode="reduced", **kw)
+    q, r = q.to_numpy(), r.to_numpy()
+    assert_factorization(A, q @ r, const=4.0)
+    assert_orthonormal(q, const=4.0)
+    assert not backend(as_location(f"{base}/tmp", opts)).keys("")  # nothing staged is left
