@@ -214,3 +214,18 @@ def test_half_precision_inverse_from_s3(bucket):
     x = blocklin.inv(url("sq"), precision="bf16", memory="1MiB", storage_options=opts)
     assert x.shape == (N, N)
     assert_solve(x.to_numpy(), np.linalg.inv(SQ), SQ)
+
+
+def test_factored_solves_read_what_blocklin_recorded_on_s3(bucket):
+    """``cho_solve`` and ``lu_solve`` of blocklin's own factors in the bucket, named by URL with the call's
+    ``storage_options``: the recorded triangle and pivots are read with those options. Read without
+    them, an upper factor was solved as lower (its zero triangle: ``x`` off by 0.5, without a word) and
+    ``lu_solve`` asked for ``piv`` "for factors blocklin.lu did not write"."""
+    url, opts = bucket
+    kw = {"memory": "192KiB", "storage_options": opts}
+    blocklin.cholesky(url("spd"), url("out-u"), lower=False, **kw)
+    x = blocklin.cho_solve(url("out-u"), url("rhs"), **kw)
+    assert_solve(x.to_numpy(), np.linalg.solve(SPD, RHS), SPD)
+    blocklin.lu(url("sq"), url("out-lu2"), **kw)
+    x = blocklin.lu_solve(url("out-lu2"), url("rhs"), **kw)
+    assert_solve(x.to_numpy(), np.linalg.solve(SQ, RHS), SQ)

@@ -76,7 +76,7 @@ def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool | None = None, ove
     True
     """
     c, lower = _factor_and_flag(c, lower, "c")
-    lower = _factor_triangle(c, lower)
+    lower = _factor_triangle(c, lower, settings.get("storage_options"))
     # "C": the conjugate transpose (the transpose of real data), A = L L^H
     steps = (("forward substitution L y = b", True, False), ("back substitution L^H x = y", True, "C")) if lower \
         else (("forward substitution U^H y = b", False, "C"), ("back substitution U x = y", False, False))
@@ -111,7 +111,7 @@ def lu_solve(lu: Any, b: Any, out: Any = None, *, piv: Any = None, overwrite: bo
     """
     lu, piv = _factor_and_flag(lu, piv, "lu")
     if piv is None:
-        piv = _recorded_pivots(lu)
+        piv = _recorded_pivots(lu, settings.get("storage_options"))
     piv = np.asarray(piv)
     if piv.ndim != 1 or piv.dtype.kind not in "iu":
         raise ParameterError(explain("piv", "must be a 1-D integer array (LAPACK's 0-based pivots)",
@@ -136,10 +136,12 @@ def _singular_factor(err: SingularMatrixError, name: str, operation: str) -> Sin
         "regularized system, blocklin.solve(a, b, lam=...), or the least-squares problem, blocklin.lstsq(a, b)"))
 
 
-def _provenance(f: Any) -> dict:
-    """What blocklin recorded with the stored factor ``f`` (empty for other factors)."""
+def _provenance(f: Any, storage_options: dict | None) -> dict:
+    """What blocklin recorded with the stored factor ``f`` (empty for other factors), read with the call's
+    ``storage_options``: an S3 factor read without them had counted as one blocklin did not write, and an
+    upper Cholesky factor was solved as lower (its zero triangle read: a wrong ``x``, without a word)."""
     try:
-        return f.provenance if isinstance(f, Matrix) else Matrix(f).provenance
+        return f.provenance if isinstance(f, Matrix) else Matrix(f, storage_options=storage_options).provenance
     except Exception:  # not a stored blocklin output (an in-memory array, SciPy's factor)
         return {}
 
@@ -148,11 +150,11 @@ def _provenance(f: Any) -> dict:
 _NOT_CHOLESKY = {"lu": "blocklin.lu_solve (CLI: --factored lu)", "qr": "blocklin.solve(a, b) or blocklin.lstsq(a, b)"}
 
 
-def _factor_triangle(c: Any, lower: Any) -> bool:
+def _factor_triangle(c: Any, lower: Any, storage_options: dict | None) -> bool:
     """``lower`` for the Cholesky factor ``c``: as given, else as :func:`blocklin.cholesky` recorded it,
     else True; a given value that contradicts the recorded one, and the output of another
     factorization, are refused."""
-    prov = _provenance(c)
+    prov = _provenance(c, storage_options)
     op = prov.get("operation")
     if op in _NOT_CHOLESKY:
         raise ParameterError(explain("c", "must be a Cholesky factor for cho_solve", f"the output of blocklin.{op}",
@@ -169,13 +171,14 @@ def _factor_triangle(c: Any, lower: Any) -> bool:
     return bool(lower)
 
 
-def _recorded_pivots(lu: Any) -> np.ndarray:
-    """The pivots :func:`blocklin.lu` recorded with its output (its report, or the store's attributes)."""
+def _recorded_pivots(lu: Any, storage_options: dict | None) -> np.ndarray:
+    """The pivots :func:`blocklin.lu` recorded with its output (its report, or the store's attributes read
+    with the call's ``storage_options``)."""
     report = getattr(lu, "report", None) or {}
     if "pivots" in report:
         return np.asarray(report["pivots"])
     try:
-        attrs = Matrix(lu).attrs if not isinstance(lu, Matrix) else lu.attrs
+        attrs = Matrix(lu, storage_options=storage_options).attrs if not isinstance(lu, Matrix) else lu.attrs
     except Exception:  # not a stored blocklin output (an in-memory array): the pivots must be given
         attrs = {}
     piv = (attrs.get("blocklin") or {}).get("pivots")
