@@ -65,8 +65,8 @@ def test_sketch_pass_with_short_strips_and_several_tasks(tmp_path, monkeypatch):
         create_array(y_path, shape=(m, kp), dtype=a.dtype, chunks=(params["y_chunk"], kp), codec="none")
         states = run_pass(job, K.sketch_kernel, [src.source], params, plan=pp, outputs=(("Y", y_path),)).states
     op = rnd.sketch_test_matrices(seed, n, kp, s)
-    ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, m)
-    phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s).rows(0, m)
+    ups = rnd.row_test_rows(seed, rnd.STREAM_UPSILON, kp).rows(0, m)
+    phi = rnd.row_test_rows(seed, rnd.STREAM_PHI, s).rows(0, m)
     yt = a @ op
     y = yt[:, :kp]
     assert_product(bl.open(y_path).to_numpy(), y, a, op[:, :kp])

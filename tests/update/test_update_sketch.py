@@ -62,8 +62,8 @@ def _state_bounds(b, kp, s, dtype):
     m, n = b.shape
     ab = np.abs(b.astype(np.float64))
     op = np.abs(rnd.sketch_test_matrices(SEED, n, kp, s, dtype).astype(np.float64))
-    ups = np.abs(rnd.GaussianRows(SEED, rnd.STREAM_UPSILON, kp).rows(0, m).astype(dtype).astype(np.float64))
-    phi = np.abs(rnd.GaussianRows(SEED, rnd.STREAM_PHI, s).rows(0, m).astype(dtype).astype(np.float64))
+    ups = np.abs(rnd.row_test_rows(SEED, rnd.STREAM_UPSILON, kp).rows(0, m).astype(dtype).astype(np.float64))
+    phi = np.abs(rnd.row_test_rows(SEED, rnd.STREAM_PHI, s).rows(0, m).astype(dtype).astype(np.float64))
     by = ab @ op  # |B| |[Omega Psi]|: Y and T are themselves rounded products
     return {SKETCH_XT: 2 * _gamma(m, dtype) * ab.T @ ups,
             SKETCH_CORE: 2 * _gamma(m + n, dtype) * phi.T @ by,
@@ -129,8 +129,8 @@ def test_update_after_one_append_is_the_sketch_of_the_grown_matrix(tmp_path, dty
     # matrices' first rows (their index in the new rows, not in A) leave it
     kp = got[SKETCH_XT].shape[1]
     wrong = got[SKETCH_XT] + new.astype(np.float64).T @ (
-        rnd.GaussianRows(SEED, rnd.STREAM_UPSILON, kp).rows(0, len(new)).astype(dtype)
-        - rnd.GaussianRows(SEED, rnd.STREAM_UPSILON, kp).rows(M, M + len(new)).astype(dtype))
+        rnd.row_test_rows(SEED, rnd.STREAM_UPSILON, kp).rows(0, len(new)).astype(dtype)
+        - rnd.row_test_rows(SEED, rnd.STREAM_UPSILON, kp).rows(M, M + len(new)).astype(dtype))
     assert not (np.abs(wrong - ref[SKETCH_XT]) <= bounds[SKETCH_XT]).all()
     stored = json.load(open(tmp_path / "F.zarr" / "zarr.json"))["attributes"]["blocklin"]
     assert stored["params"]["update"]["count"] == M + len(new) and len(stored["updates"]) == 1

@@ -34,31 +34,34 @@ def _edit_update_params(path, **changes):
     json.dump(meta, open(meta_path, "w"))
 
 
-@pytest.mark.parametrize("recorded", [True, False])
-def test_a_sketch_made_by_generator_1_is_updated_exactly(tmp_path, monkeypatch, recorded):
+@pytest.mark.parametrize(("made_by", "recorded"), [(1, True), (1, False), (2, True)])
+def test_a_sketch_made_by_an_older_generator_is_updated_exactly(tmp_path, monkeypatch, made_by, recorded):
+    """Generator 1 (sketches made before the version was recorded, ``recorded=False``) and generator 2
+    (Gaussian ``Upsilon`` and ``Phi``) sketches updated by this version (generator 3, random signs)."""
     a, (new,), path = _stored(tmp_path, np.float64)
-    monkeypatch.setattr(rnd, "SKETCH_GENERATOR", rnd.GENERATOR_PHILOX64)  # the sketch as an older version made it
+    monkeypatch.setattr(rnd, "SKETCH_GENERATOR", made_by)  # the sketch as an older version made it
     first = bl.svd(path, K, method="sketch", seed=SEED, out=tmp_path / "F.zarr", updatable=True, memory="256KiB")
-    assert first.report["sketch_generator"] == 1
+    assert first.report["sketch_generator"] == made_by
     stored = json.load(open(tmp_path / "F.zarr" / "zarr.json"))["attributes"]["blocklin"]
-    assert stored["params"]["update"]["generator"] == 1
+    assert stored["params"]["update"]["generator"] == made_by
     if not recorded:
         _edit_update_params(tmp_path / "F.zarr", generator=None)
-    monkeypatch.setattr(rnd, "SKETCH_GENERATOR", rnd.GENERATOR_SFC64)  # this version
+    monkeypatch.setattr(rnd, "SKETCH_GENERATOR", rnd.GENERATOR_SIGNS)  # this version
     bl.append(path, new)
     res = bl.update(tmp_path / "F.zarr", memory="256KiB")
     r = res.report
-    assert r["sketch_generator"] == 1 and r["updated"]["generator"] == 1 and r["passes"] == 1
+    assert r["sketch_generator"] == made_by and r["updated"]["generator"] == made_by and r["passes"] == 1
     assert "drawn by it too" in r["updated"]["generator_note"]
     stored = json.load(open(tmp_path / "F.zarr" / "zarr.json"))["attributes"]["blocklin"]
-    assert stored["params"]["update"]["generator"] == 1  # a later update keeps drawing from it
+    assert stored["params"]["update"]["generator"] == made_by  # a later update keeps drawing from it
     grown = np.vstack([a, new])
-    monkeypatch.setattr(rnd, "SKETCH_GENERATOR", rnd.GENERATOR_PHILOX64)  # the recompute it must equal
+    monkeypatch.setattr(rnd, "SKETCH_GENERATOR", made_by)  # the recompute it must equal
     bounds, got, ref = _check_against_recompute(tmp_path, res, grown, np.float64)
-    # the same appended rows drawn by generator 2 leave the bound
+    # the same appended rows drawn by this version's generator leave the bound
     kp = got[SKETCH_XT].shape[1]
-    wrong = got[SKETCH_XT] + new.T @ (rnd.GaussianRows(SEED, rnd.STREAM_UPSILON, kp, generator=2).rows(M, M + len(new))
-                                      - rnd.GaussianRows(SEED, rnd.STREAM_UPSILON, kp, generator=1).rows(M, M + len(new)))
+    rows = [rnd.row_test_rows(SEED, rnd.STREAM_UPSILON, kp, generator=g).rows(M, M + len(new))
+            for g in (rnd.GENERATOR_SIGNS, made_by)]
+    wrong = got[SKETCH_XT] + new.T @ (rows[0] - rows[1])
     assert not (np.abs(wrong - ref[SKETCH_XT]) <= bounds[SKETCH_XT]).all()
 
 
@@ -70,8 +73,8 @@ def test_a_sketch_made_by_an_unknown_generator_is_recomputed(tmp_path):
     res = bl.update(tmp_path / "F.zarr")
     how = res.report["updated"]["how"]
     assert how.startswith("recomputed: the sketch was made by test-matrix generator 99, which this version does not "
-                          "have (it has [1, 2])"), how
+                          "have (it has [1, 2, 3])"), how
     rec = bl.svd(path, K, method="sketch", seed=SEED)
-    assert np.array_equal(res.s, rec.s)  # the recompute: generator 2, updatable again
+    assert np.array_equal(res.s, rec.s)  # the recompute: generator 3, updatable again
     stored = json.load(open(tmp_path / "F.zarr" / "zarr.json"))["attributes"]["blocklin"]
-    assert stored["params"]["update"]["generator"] == 2
+    assert stored["params"]["update"]["generator"] == 3

@@ -7,7 +7,8 @@ depend only on the seed, never on strip sizes, budgets, workers or the scheduler
 own stream, so one seed gives independent matrices.
 
 :class:`GaussianRows` (the single-pass sketch's test matrices, the orthonormal completion's rows) has
-versioned generators, because a faster one changes every seed's numbers: results and resume tokens
+versioned generators (generator 3 draws the sketch's ``Upsilon`` and ``Phi`` as random signs,
+:class:`SignRows`), because a faster one changes every seed's numbers: results and resume tokens
 that depend on them record :data:`SKETCH_GENERATOR`, and an updatable sketch made by an older
 generator keeps drawing its appended rows from that one (:data:`GENERATORS`).
 
@@ -41,10 +42,14 @@ GENERATOR_PHILOX64 = 1
 #: normals by NumPy's ziggurat: about 1.5x fewer ns per normal than ``Philox`` here and no per-64-row
 #: setup.
 GENERATOR_SFC64 = 2
+#: Generator 3: the test matrices drawn per row of ``A`` (``Upsilon`` and ``Phi``, :func:`row_test_rows`)
+#: are random sign matrices (:class:`SignRows`); ``Omega``, ``Psi`` and every other use draw the normals
+#: of generator 2.
+GENERATOR_SIGNS = 3
 #: Every generator :class:`GaussianRows` can draw from.
-GENERATORS = (GENERATOR_PHILOX64, GENERATOR_SFC64)
+GENERATORS = (GENERATOR_PHILOX64, GENERATOR_SFC64, GENERATOR_SIGNS)
 #: The generator of new results (recorded with them: ``generator`` in an updatable sketch's state).
-SKETCH_GENERATOR = GENERATOR_SFC64
+SKETCH_GENERATOR = GENERATOR_SIGNS
 #: Generator 2's keyed block: about this many normals (2 MiB of float64, never held: drawn in pieces),
 #: at most :data:`MAX_BLOCK_ROWS` rows and at least :data:`SKETCH_RNG_BLOCK` rows.
 BLOCK_DRAWS = 1 << 18
@@ -154,6 +159,7 @@ class GaussianRows:
     def _key(self, b: int) -> np.random.SeedSequence:
         if self.generator == GENERATOR_PHILOX64:
             return np.random.SeedSequence([self.seed, self.stream, b, self.draws, self.block])
+        # generator 3 draws its normals as generator 2 does
         return np.random.SeedSequence([self.seed, self.stream, b, self.draws, self.block, GENERATOR_SFC64])
 
     def _seek(self, b: int, row: int) -> None:
@@ -190,6 +196,98 @@ class GaussianRows:
             self._seek(b, lo - b * h)
             self._draw(out[lo - r0:hi - r0])
         return out
+
+
+class SignRows:
+    """Consecutive rows of the random sign matrix of ``(seed, stream)``, ``width`` columns: independent
+    entries ``+1`` or ``-1`` with equal odds (complex: ``+-1 +- 1j``, the real and imaginary signs a
+    consecutive pair of the real stream of ``2 width`` columns, as :func:`gaussian`).
+
+    The sketch's co-range and core test matrices ``Upsilon`` and ``Phi`` under generator 3: the sparse
+    sign test matrix of Tropp, Yurtsever, Udell and Cevher (2019), "Streaming low-rank matrix
+    approximation with an application to scientific simulation", SIAM J. Sci. Comput. 41(4), section
+    3.9, with every entry of a column (our row, one per row of ``A``) nonzero (``zeta = d``; the paper's
+    ``zeta = min(d, 8)`` saves products, not draws, and choosing the positions cost NumPy as much as the
+    normals). One bit per entry: 7x fewer ns a row than the normals of generator 2 at the widths of
+    ``k = 10`` (docs/benchmarks.md, "Sign test matrices for the rows of A"), for the same accuracy in
+    their experiments and ours. Unscaled: the sketch's reconstruction does not change when ``Upsilon``
+    or ``Phi`` is scaled, and ``+-1`` is exact in every dtype.
+
+    The bits are NumPy's ``SFC64`` keyed per block of :func:`block_rows` rows (generator 2's blocks) by
+    ``(seed, stream, block, draws a row, rows, 3)``: each row takes the next ``ceil(draws / 64)`` 64-bit
+    words, read as little-endian bytes, least significant bit first, a set bit ``-1``. Like
+    :class:`GaussianRows`, the numbers depend on the seed, stream and width only, never on the split
+    they are taken in: the block in use is kept with its position, and rows are drawn through a piece of
+    :func:`piece_rows` rows (:func:`sign_block_bytes`).
+    """
+
+    def __init__(self, seed: int, stream: int, width: int, complex: bool = False) -> None:
+        self.seed, self.stream, self.width = int(seed), int(stream), int(width)
+        self.complex = bool(complex)
+        self.draws = (2 if complex else 1) * self.width
+        self.words = -(-self.draws // 64)
+        self.block = block_rows(self.draws, GENERATOR_SFC64)
+        self.piece = piece_rows(self.draws, GENERATOR_SFC64)
+        self.index, self.pos, self.bits = -1, 0, None
+
+    def _seek(self, b: int, row: int) -> None:
+        """Position the stream at row ``row`` of block ``b`` (the words before it drawn and dropped)."""
+        if b != self.index or row < self.pos:
+            key = np.random.SeedSequence([self.seed, self.stream, b, self.draws, self.block, GENERATOR_SIGNS])
+            self.bits, self.index, self.pos = np.random.SFC64(key), b, 0
+        while self.pos < row:
+            n = min(row - self.pos, self.piece)
+            self.bits.random_raw(n * self.words)
+            self.pos += n
+
+    def _signs(self, n: int) -> np.ndarray:
+        """The next ``n`` rows' signs (int8, ``n x draws``)."""
+        raw = self.bits.random_raw(n * self.words).astype("<u8", copy=False).view(np.uint8).reshape(n, -1)
+        signs = np.unpackbits(raw, axis=1, count=self.draws, bitorder="little").view(np.int8)
+        signs *= -2
+        signs += 1
+        self.pos += n
+        return signs
+
+    def rows(self, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``r0:r1`` into ``out`` (any ``(r1 - r0) x width`` array or view; new float64, or complex128,
+        if None)."""
+        if out is None:
+            out = np.empty((max(0, r1 - r0), self.width), dtype=np.complex128 if self.complex else np.float64)
+        h = self.block
+        for b in range(r0 // h, -(-r1 // h)):
+            lo, hi = max(r0, b * h), min(r1, (b + 1) * h)
+            self._seek(b, lo - b * h)
+            for i in range(lo, hi, self.piece):
+                j = min(hi, i + self.piece)
+                src, dst = self._signs(j - i), out[i - r0:j - r0]
+                if self.complex:
+                    dst.real, dst.imag = src[:, 0::2], src[:, 1::2]
+                else:
+                    np.copyto(dst, src, casting="unsafe")
+        return out
+
+
+def sign_block_bytes(width: int, complex: bool = False) -> int:
+    """Host bytes one :class:`SignRows` holds for ``width`` columns: a piece's words and signs."""
+    draws = (2 if complex else 1) * int(width)
+    return piece_rows(draws, GENERATOR_SFC64) * (8 * -(-draws // 64) + draws)
+
+
+def row_test_rows(seed: int, stream: int, width: int, complex: bool = False,
+                  generator: int | None = None) -> GaussianRows | SignRows:
+    """The rows of the sketch's test matrices drawn per row of ``A`` (``Upsilon`` and ``Phi``): random
+    signs for generator 3 (:class:`SignRows`), Gaussian for generators 1 and 2."""
+    if check_generator(generator) == GENERATOR_SIGNS:
+        return SignRows(seed, stream, width, complex=complex)
+    return GaussianRows(seed, stream, width, complex=complex, generator=generator)
+
+
+def row_test_bytes(width: int, complex: bool = False, generator: int | None = None) -> int:
+    """Host bytes a :func:`row_test_rows` generator keeps."""
+    if check_generator(generator) == GENERATOR_SIGNS:
+        return sign_block_bytes(width, complex)
+    return block_bytes(width, complex, generator)
 
 
 def sketch_test_matrices(seed: int, n: int, kp: int, s: int, dtype: Any = np.float64,

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import InternalError
-from blocklin.linalg.blocks.random import (SKETCH_RNG_BLOCK, STREAM_PHI, STREAM_UPSILON, GaussianRows, block_bytes,
-                                           sketch_test_matrices)
+from blocklin.linalg.blocks.random import (SKETCH_RNG_BLOCK, STREAM_PHI, STREAM_UPSILON, block_bytes, row_test_bytes,
+                                           row_test_rows, sketch_test_matrices)
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 
@@ -345,8 +345,8 @@ def sketch_init(device: Any, params: dict) -> dict:
     state = {"OP": upload(device, op), "Xt": _accumulator(device, (n, kp), dt), "PZ": device.zeros((s, kp + s), dt),
              "G": device.zeros((kp, kp), dt), "YT": device.zeros((st, kp + s), dt),
              "Ub": np.empty((st, kp), dt), "Pb": np.empty((st, s), dt),
-             "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp, complex=_complex(dt), generator=gen),
-             "phi": GaussianRows(params["seed"], STREAM_PHI, s, complex=_complex(dt), generator=gen)}
+             "ups": row_test_rows(params["seed"], STREAM_UPSILON, kp, complex=_complex(dt), generator=gen),
+             "phi": row_test_rows(params["seed"], STREAM_PHI, s, complex=_complex(dt), generator=gen)}
     if device.host_resident:  # Y's rows copied out of [Y T] once: contiguous for its Gram and its write
         state["Yc"] = np.empty((st, kp), dt)
     if params.get("y_chunk", 0) > st:  # Y's rows gathered into whole chunks of Y (see sketch_kernel)
@@ -374,7 +374,8 @@ def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
     cplx = _complex(np.dtype(params["dtype"]))
     acc = 2 * F64 if cplx else F64  # complex128 offsets of complex data
     gen = params.get("generator")
-    fixed += block_bytes(c, cplx, gen) + block_bytes(s, cplx, gen)
+    fixed += max(block_bytes(c, cplx, gen) + block_bytes(s, cplx, gen),  # [Omega | Psi]'s generation
+                 row_test_bytes(c, cplx, gen) + row_test_bytes(s, cplx, gen))
     fixed += (n * (F64 + acc) if params.get("shifted") else 0) + sf
     # the buffer gathering Y's rows into chunks, and zarr's three copies of one where writes are not direct
     fixed += params.get("y_buffer", 0) * (4 if params.get("y_temporaries") else 1)

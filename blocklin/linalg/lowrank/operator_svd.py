@@ -110,8 +110,8 @@ class OperatorSource:
         ``matmat`` and one ``rmatmat`` (an operator's products cannot share one read)."""
         yt = self._b(rnd.sketch_test_matrices(seed, self.N, kp, s))
         y = np.ascontiguousarray(yt[:, :kp])
-        xt = self._bt(rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M))
-        phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s).rows(0, self.M)
+        xt = self._bt(rnd.row_test_rows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M))
+        phi = rnd.row_test_rows(seed, rnd.STREAM_PHI, s).rows(0, self.M)
         self.products += 1
         return xt, phi.T @ yt, y.T @ y, ArrayBlock(y.astype(self.dtype))
 

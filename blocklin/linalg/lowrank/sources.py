@@ -188,8 +188,8 @@ class InCore:
         d, dt, mm, wd = self.dev, self.dtype, self._mm, work_dtype(self.dtype)
         cplx = wd.kind == "c"
         y, t = mm(self.bd, op[:, :kp]), mm(self.bd, op[:, kp:])
-        ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp, complex=cplx).rows(0, self.M).astype(dt)
-        phi = d.to_device(rnd.GaussianRows(seed, rnd.STREAM_PHI, op.shape[1] - kp, complex=cplx)
+        ups = rnd.row_test_rows(seed, rnd.STREAM_UPSILON, kp, complex=cplx).rows(0, self.M).astype(dt)
+        phi = d.to_device(rnd.row_test_rows(seed, rnd.STREAM_PHI, op.shape[1] - kp, complex=cplx)
                           .rows(0, self.M).astype(dt))
         small = []
         for a, b in ((phi.T, y), (phi.T, t)):
@@ -213,8 +213,8 @@ class InCore:
             cplx = f.kind == "c"
             yt = self.b @ op
             y = np.ascontiguousarray(yt[:, :kp])
-            ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp, complex=cplx).rows(0, self.M).astype(self.dtype)
-            phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s, complex=cplx).rows(0, self.M).astype(self.dtype)
+            ups = rnd.row_test_rows(seed, rnd.STREAM_UPSILON, kp, complex=cplx).rows(0, self.M).astype(self.dtype)
+            phi = rnd.row_test_rows(seed, rnd.STREAM_PHI, s, complex=cplx).rows(0, self.M).astype(self.dtype)
             xt = np.conj(self.b.T @ ups) if cplx else self.b.T @ ups  # X^H = B^H conj(Ups^T), as the pass
             out = xt.astype(f), (phi.T @ yt).astype(f), (y.conj().T @ y).astype(f), ArrayBlock(y)
         if y_path is not None:
