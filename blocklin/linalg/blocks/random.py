@@ -218,7 +218,7 @@ class SignRows:
     words, read as little-endian bytes, least significant bit first, a set bit ``-1``. Like
     :class:`GaussianRows`, the numbers depend on the seed, stream and width only, never on the split
     they are taken in: the block in use is kept with its position, and rows are drawn through a piece of
-    :func:`piece_rows` rows (:func:`sign_block_bytes`).
+    :func:`sign_piece_rows` rows (:func:`sign_block_bytes`).
     """
 
     def __init__(self, seed: int, stream: int, width: int, complex: bool = False) -> None:
@@ -227,7 +227,7 @@ class SignRows:
         self.draws = (2 if complex else 1) * self.width
         self.words = -(-self.draws // 64)
         self.block = block_rows(self.draws, GENERATOR_SFC64)
-        self.piece = piece_rows(self.draws, GENERATOR_SFC64)
+        self.piece = sign_piece_rows(self.draws)
         self.index, self.pos, self.bits = -1, 0, None
 
     def _seek(self, b: int, row: int) -> None:
@@ -268,10 +268,22 @@ class SignRows:
         return out
 
 
+#: Bytes of the piece :class:`SignRows` draws through (its words and signs): NumPy's per-call costs (six
+#: calls a piece) stay small beside its hundreds of rows, and it sits in cache.
+SIGN_PIECE = 1 << 14
+
+
+def sign_piece_rows(draws: int) -> int:
+    """Rows of a :class:`SignRows` piece: :data:`SIGN_PIECE` bytes of words and signs, at least
+    :data:`SKETCH_RNG_BLOCK` rows, at most a block."""
+    row = int(draws) + 8 * -(-int(draws) // 64)
+    return min(block_rows(draws, GENERATOR_SFC64), max(SKETCH_RNG_BLOCK, SIGN_PIECE // max(1, row)))
+
+
 def sign_block_bytes(width: int, complex: bool = False) -> int:
     """Host bytes one :class:`SignRows` holds for ``width`` columns: a piece's words and signs."""
     draws = (2 if complex else 1) * int(width)
-    return piece_rows(draws, GENERATOR_SFC64) * (8 * -(-draws // 64) + draws)
+    return sign_piece_rows(draws) * (8 * -(-draws // 64) + draws)
 
 
 def row_test_rows(seed: int, stream: int, width: int, complex: bool = False,
