@@ -208,7 +208,7 @@ class SignRows:
     approximation with an application to scientific simulation", SIAM J. Sci. Comput. 41(4), section
     3.9, with every entry of a column (our row, one per row of ``A``) nonzero (``zeta = d``; the paper's
     ``zeta = min(d, 8)`` saves products, not draws, and choosing the positions cost NumPy as much as the
-    normals). One bit per entry: 7x fewer ns a row than the normals of generator 2 at the widths of
+    normals). One bit per entry: 6x fewer ns a row than the normals of generator 2 at the widths of
     ``k = 10`` (docs/benchmarks.md, "Sign test matrices for the rows of A"), for the same accuracy in
     their experiments and ours. Unscaled: the sketch's reconstruction does not change when ``Upsilon``
     or ``Phi`` is scaled, and ``+-1`` is exact in every dtype.
