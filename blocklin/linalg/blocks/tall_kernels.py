@@ -334,7 +334,7 @@ def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: di
 def sketch_init(device: Any, params: dict) -> dict:
     """Generate the task's ``[Omega | Psi]`` from the seed (centered: scaled by ``c``, with the offsets
     ``b^T diag(c) [Omega | Psi]``), its accumulators, strip buffers and row generators (``generator``:
-    the version of :class:`~blocklin.linalg.blocks.random.GaussianRows` the sketch draws from)."""
+    the version of the test matrices the sketch draws, :func:`~blocklin.linalg.blocks.random.row_test_rows`)."""
     n, kp, s = params["N"], params["kp"], params["s"]
     dt = np.dtype(params["dtype"])
     st = params["strip"]

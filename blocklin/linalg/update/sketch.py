@@ -4,7 +4,7 @@ appended rows alone.
 The sketch of Tropp, Yurtsever, Udell and Cevher (2019) is linear in the rows of ``B = A``. With the
 test matrices ``Omega`` and ``Psi`` (``n``-sized, generated from the seed) and ``Upsilon``, ``Phi``
 (one row per row of ``A``, generated from the seed *at the row's stored index*,
-:class:`blocklin.linalg.blocks.random.GaussianRows`), its state is
+:func:`blocklin.linalg.blocks.random.row_test_rows`), its state is
 
 * ``X^T = B^T Upsilon^T = sum_i b_i^T upsilon_i`` (``n x kp``),
 * ``Phi^T [Y T] = sum_i phi_i^T [b_i Omega, b_i Psi]`` (``s x (kp + s)``; ``T = B Psi``),
