@@ -23,6 +23,7 @@ import numpy as np
 __all__ = [
     "eps", "product_bound", "assert_product", "assert_gram", "assert_residual", "assert_solve",
     "assert_factorization", "assert_singular_values", "assert_ritz_values", "assert_eigenvalues", "assert_orthonormal",
+    "assert_spectral_norms",
     "assert_mean", "assert_std", "assert_explained_variance", "assert_close_to", "fro_norm",
 ]
 
@@ -206,6 +207,25 @@ def assert_eigenvalues(got, ref, *, norm: float, n: int, dtype=None, const: floa
     assert w.shape == r.shape, f"{w.shape} eigenvalues, reference has {r.shape}"
     _check(f"eigenvalues (order {n})", float(np.max(np.abs(w - r), initial=0.0)),
            const * n * eps(_dtype(got, dtype)) * float(norm))
+
+
+def assert_spectral_norms(norm, cond, a, s, *, rows: int, **kw) -> None:
+    """``norm(a, 2)``, ``norm(a, -2)``, ``norm(a, "nuc")`` and ``cond(a)`` (blocklin's, called with ``kw``) of a
+    float64 ``a`` of ``rows`` rows and known singular values ``s`` (descending).
+
+    Each computed singular value moves by at most ``4 rows eps s_1`` (Weyl; the SVD's backward error, as
+    :func:`assert_singular_values`), the nuclear norm by the sum of ``n`` such moves, ``cond`` by the first
+    order of both ends; the 2-norm by block Lanczos to a residual ``r = 10 sqrt(eps) s_1`` moves by
+    ``r^2 / (s_1^2 - s_2^2) s_1`` more (Kato-Temple).
+    """
+    e = eps(np.float64)
+    s1, n = float(s[0]), len(s)
+    r = 10 * np.sqrt(e) * s1
+    _check("norm(a, 2)", abs(norm(a, 2, **kw) - s1), r ** 2 / (s1 ** 2 - float(s[1]) ** 2) * s1 + 4 * rows * e * s1)
+    _check("norm(a, -2)", abs(norm(a, -2, **kw) - float(s[-1])), 4 * rows * e * s1)
+    _check("norm(a, 'nuc')", abs(norm(a, "nuc", **kw) - float(np.sum(s))), n * 4 * rows * e * s1)
+    kappa = s1 / float(s[-1])
+    _check("cond(a)", abs(cond(a, **kw) - kappa), 4 * rows * e * (1 + kappa) * kappa)
 
 
 def assert_orthonormal(q, *, dtype=None, const: float = 2.0, n: int | None = None) -> None:
