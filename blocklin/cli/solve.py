@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.cli import ui
+from blocklin.cli import plot_file, ui
 from blocklin.config import format_size
 from blocklin.errors import ParameterError, explain
 
@@ -241,7 +241,7 @@ def _plot(report: dict, path: str) -> str:
     for a in (left, right):
         _decade_ticks(a)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_file.save(fig, path, dpi=100)
     plt.close(fig)
     return path
 

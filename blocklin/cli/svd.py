@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from blocklin.cli import ui
+from blocklin.cli import plot_file, ui
 from blocklin.config import format_size
 from blocklin.errors import ParameterError, explain
 
@@ -164,5 +164,5 @@ def plot_spectrum(path: str, values: Any, residuals: Any, *, title: str, label: 
                      label="relative residual")
         ax2.set_ylabel("relative residual", color="tab:red")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_file.save(fig, path, dpi=100)
     plt.close(fig)

@@ -85,6 +85,14 @@ def plot_arg(text: str) -> str:
                      f"create {folder} first, or pass a path in an existing folder")
     if importlib.util.find_spec("matplotlib") is None:
         raise refuse("needs matplotlib, which is not installed", "pip install 'blocklin[plot]', or drop --plot")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    # the extension names the format: matplotlib had refused an unknown one after the run (exit 1 with the
+    # result written), and had appended .png to a path without one (the summary named a file never written)
+    kinds = sorted(FigureCanvasBase.get_supported_filetypes())
+    if os.path.splitext(text)[1][1:].lower() not in kinds:
+        raise refuse(f"must end in an image format's extension ({', '.join('.' + k for k in kinds)})",
+                     f"pass --plot {os.path.splitext(text)[0]}.png")
     return text
 
 
@@ -404,6 +412,10 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         with interrupt.handle_signals(), _storage_settings(args):
             try:
+                if getattr(args, "plot", None):
+                    from blocklin.cli import plot_file
+
+                    plot_file.check_target(args.plot, overwrite=bool(getattr(args, "overwrite", False)))
                 args.func(args)
             except KeyboardInterrupt as exc:
                 # still under the handlers, to the last line: another Ctrl-C while stopping (or while

@@ -124,6 +124,39 @@ def test_plot_path_checked_before_the_run(stores, argv, capsys):
     assert not (stores / "out").exists() and not (stores / "figs.png").exists() and not leftovers(stores)
 
 
+@pytest.mark.parametrize("argv", [["svd", "{d}/a.zarr", "-k", "3", "-o", "{d}/out"],
+                                  ["eigs", "{d}/s.zarr", "-k", "3", "-o", "{d}/out"],
+                                  ["solve", "{d}/s.zarr", "{d}/b.zarr", "-o", "{d}/out", "--lambda", "gcv"]])
+def test_plot_never_replaces_what_blocklin_did_not_write(stores, argv, capsys):
+    """``--plot`` onto an existing file had overwritten it (exit 0, no ``--overwrite`` asked), and onto a
+    link had written through it: ``--plot link.png`` pointing at the input ``a.npy`` destroyed the data.
+    An extension matplotlib cannot write had failed after the run (exit 1, the result written), and a
+    path without one had been written as PATH.png. All are refused before the run now; a plot blocklin
+    wrote is replaced with ``--overwrite`` only."""
+    base = [a.format(d=stores) for a in argv]
+    user = stores / "user.png"
+    user.write_bytes(b"not blocklin's")
+    (stores / "link.png").symlink_to(stores / "a.npy")
+    data = (stores / "a.npy").read_bytes()
+    for target in ("user.png", "link.png"):
+        for extra in ([], ["--overwrite"]):
+            assert main(base + ["--plot", str(stores / target), *extra]) == 1
+            line = capsys.readouterr().err.strip().splitlines()[-1]
+            assert "OutputExistsError: --plot:" in line and target in line and "Fix: " in line, line
+    assert user.read_bytes() == b"not blocklin's" and (stores / "a.npy").read_bytes() == data
+    for bad in ("s.txt", "s"):
+        line = _usage_error(base + ["--plot", str(stores / bad)], capsys)
+        assert "argument --plot: must end in an image format's extension" in line and ".png" in line, line
+    assert not (stores / "out").exists() and not (stores / "s.png").exists() and not leftovers(stores)
+    png = stores / "fig.png"
+    assert main(base + ["--plot", str(png)]) == 0 and png.read_bytes()[:4] == b"\x89PNG"
+    other = [a.format(d=stores).replace("/out", "/out2") for a in argv]
+    assert main(other + ["--plot", str(png)]) == 1 and not (stores / "out2").exists()  # no --overwrite
+    assert "must not exist unless overwriting is asked for" in capsys.readouterr().err
+    assert main(base + ["--plot", str(png), "--overwrite"]) == 0 and png.read_bytes()[:4] == b"\x89PNG"
+    assert not [p for p in os.listdir(stores) if ".partial" in p]
+
+
 @pytest.mark.parametrize("argv, twice", [
     (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr", "-o", "{d}/other.zarr"], "-o/--out"),
     (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr", "--out={d}/other.zarr"], "-o/--out"),
