@@ -44,9 +44,13 @@ def check_exact(src: np.ndarray, dt: np.dtype, where: Callable[[tuple], str]) ->
     if exact.all():
         return
     at = tuple(int(i) for i in np.argwhere(~exact)[0])
+    # the wider float of the same kind, where there is one: a float64 matrix had been told to use float64
+    wider = {"float16": "float64", "float32": "float64", "complex64": "complex128"}.get(dt.name)
+    keep = (f"append to a matrix of a wider dtype ({wider})" if wider else
+            f"keep such integers in an integer matrix (no float dtype wider than {dt.name} holds them)")
     raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss",
                              f"{int(src[at])} at {where(at)}, which {dt.name} holds as "
-                             f"{cast[at].real:.17g}", "append to a matrix of a wider dtype (float64), or cast the "
+                             f"{cast[at].real:.17g}", f"{keep}, or cast the "
                              f"rows first (rows.astype('{dt.name}')) if the rounding is intended"))
 
 

@@ -302,7 +302,8 @@ def test_appending_no_rows_reports_it(tmp_path, capsys):
                                                       ("float64", 2 ** 64 - 1, np.uint64)])
 def test_integers_a_float_matrix_cannot_hold_are_refused(tmp_path, dtype, value, rows_dtype):
     """Integers beyond the float's ``2^(p+1)`` that it rounds are refused, naming the first, and the matrix
-    is left as it was; they had been rounded silently (NumPy calls int64 to float64 "safe"). Exactly
+    is left as it was; they had been rounded silently (NumPy calls int64 to float64 "safe"). The fix
+    names a wider dtype only where there is one (a float64 matrix had been told to use float64). Exactly
     representable large integers (``2^60``) are taken."""
     m = bl.from_array(np.zeros((2, 3), dtype=dtype), tmp_path / "X.zarr")
     rows = np.ones((70, 3), dtype=rows_dtype)
@@ -310,6 +311,10 @@ def test_integers_a_float_matrix_cannot_hold_are_refused(tmp_path, dtype, value,
     with pytest.raises(DTypeError, match=rf"rows: must convert to the matrix's {dtype} without loss; got {value} at "
                                           r"row 65, column 2"):
         bl.append(m, rows)
+    with pytest.raises(DTypeError) as info:  # the fix names a dtype wider than the matrix's, or none
+        bl.append(m, rows)
+    fix = str(info.value).split("Fix: ")[1]
+    assert ("a wider dtype (float64)" if dtype == "float32" else "keep such integers in an integer matrix") in fix, fix
     np.testing.assert_array_equal(bl.open(tmp_path / "X.zarr").to_numpy(), np.zeros((2, 3)))
     big = 2 ** 60 if np.dtype(rows_dtype).itemsize == 8 else 2 ** 30  # beyond 2^(p+1), yet exact
     exact = np.array([[big, big if rows_dtype == np.uint64 else -big, 1]], dtype=rows_dtype)
