@@ -20,7 +20,8 @@ Every output of every operation and converter is checked here before anything is
   matches its size, times, device and inode, and it is still of that format (``.npy`` magic,
   Matrix Market header, text for CSV/TSV, the zip signature for ``.npz``); or an empty file.
   Anything else (a zarr array or a file another tool wrote, blocklin's file rewritten since, a
-  folder of other files, a file where a zarr folder would go, a folder where a file would go) is
+  folder of other files, a file where a zarr folder would go, a folder where a file would go, a
+  symbolic link, even to a blocklin output: the commit would replace the link, not its target) is
   refused with the command that removes it by hand. An HDF5 output names a dataset and goes into
   a new file or, in place, into a file blocklin created whose record still matches (an empty file
   too), replacing only a dataset the record lists (checked by the writer); another program's HDF5
@@ -342,6 +343,9 @@ def check_replaceable(out: Any, kind: str = "zarr", name: str = "out") -> None:
     real = os.path.realpath(path)
     isdir, isfile = os.path.isdir(real), os.path.isfile(real)
     if kind == "zarr":
+        if os.path.islink(path):  # the commit renames onto the link: it had gone, its target left stale
+            raise _refuse(name, _ZARR_RULE, loc, "a symbolic link (the commit would replace the link, not its "
+                          f"target {real})", folder=False)
         if isdir:
             entries = sorted(os.listdir(real))
             if not entries:

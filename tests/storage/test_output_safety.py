@@ -115,6 +115,20 @@ def test_output_through_a_symlink_to_an_input_is_refused(work, tmp_path, capsys)
                 "inside the input")
 
 
+def test_overwrite_refuses_a_symlink_to_a_blocklin_output(work, tmp_path, capsys):
+    """``--overwrite`` onto a link to a zarr output blocklin wrote had replaced the link (not blocklin's)
+    with a new store and left its target as it was, exit 0. Refused now, the link and its target intact."""
+    old = tmp_path / "old.zarr"
+    bl.from_array(A, old)
+    before = open(old / "zarr.json", "rb").read()
+    os.symlink(old, tmp_path / "link.zarr")
+    refused_cli(capsys, tmp_path, gemm_argv(work, tmp_path / "link.zarr"), "OutputExistsError",
+                "a symbolic link", f"rm {tmp_path / 'link.zarr'}")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.from_array(A, tmp_path / "link.zarr", overwrite=True),
+                "a symbolic link")
+    assert os.readlink(tmp_path / "link.zarr") == str(old) and open(old / "zarr.json", "rb").read() == before
+
+
 def test_existing_folder_that_is_not_a_zarr_store_is_refused(work, tmp_path, capsys):
     docs = tmp_path / "docs"
     docs.mkdir()
