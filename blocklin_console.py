@@ -19,4 +19,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the line blocklin.cli.ui.interrupted_while_starting prints (not importable here)
         print("blocklin: interrupted while starting; nothing was run", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return run(argv)
+    status = run(argv)
+    _end_quietly_on_interrupt(status)
+    return status
+
+
+def _end_quietly_on_interrupt(status: int) -> None:
+    """From here the command is done (its output committed, its line printed): Ctrl-C while the
+    interpreter shuts down (joining zarr's and the executors' threads) had printed a KeyboardInterrupt
+    traceback, or ended a complete run by SIGINT (status -2, no line). It now ends the process at
+    once with the command's own status."""
+    import os
+    import signal
+
+    def end(signum: int, frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed, or its reader gone
+                pass
+        os._exit(status)
+
+    signal.signal(signal.SIGINT, end)

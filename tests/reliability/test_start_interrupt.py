@@ -1,5 +1,6 @@
 """Ctrl-C while the ``blocklin`` console script starts (importing NumPy, zarr and Dask takes a second or
-more) ends like an interrupted command: one line on stderr and exit status 130, no traceback.
+more) ends like an interrupted command: one line on stderr and exit status 130, no traceback. Ctrl-C
+once the command is done, while the interpreter shuts down, ends it with the command's status.
 
 The script is run as pip's wrapper runs it (``from MODULE import FUNC; sys.exit(FUNC())``, the entry
 point read from pyproject.toml), with SIGINT sent at a fixed point of the start by an import hook of the
@@ -60,3 +61,28 @@ def test_the_wrapper_runs_the_cli_when_not_interrupted():
     p = subprocess.run([sys.executable, "-c", WRAPPER.format(module="no.such.module", entry=entry, func=func)],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("blocklin "), p.stderr[-2000:]
+
+
+AT_EXIT = """
+import atexit, os, signal, sys
+sys.argv = ["blocklin", "convert", {npy!r}, {out!r}, "--no-progress"]
+from {entry} import {func}
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))  # the user's Ctrl-C, as the interpreter shuts down
+sys.exit({func}())
+"""
+
+
+def test_ctrl_c_after_the_command_is_done_keeps_its_status(tmp_path):
+    """A Ctrl-C after the output was committed and the summary printed, while Python joins the I/O
+    threads at exit, had printed a KeyboardInterrupt traceback (or ended the process by SIGINT, status
+    -2, with no line). The run is complete: it ends with status 0, its summary, and no traceback."""
+    import numpy as np
+
+    entry, func = _entry_point()
+    np.save(tmp_path / "a.npy", np.arange(12.0).reshape(3, 4))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    code = AT_EXIT.format(npy=str(tmp_path / "a.npy"), out=str(tmp_path / "a.zarr"), entry=entry, func=func)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr and "KeyboardInterrupt" not in p.stderr, \
+        (p.returncode, p.stderr[-2000:])
+    assert p.stdout.startswith("wrote ") and (tmp_path / "a.zarr" / "zarr.json").exists(), p.stdout
