@@ -123,10 +123,12 @@ def _too_small(memory: int, need: int, *, resident: int, fixed: int, resident_wh
                                    f"({_mib(resident)}) plus one block", f"{_mib(memory)} (needs {_mib(need)})",
                                    f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"), minimum=need)
     p = f"row panel of {panel[0]} x {panel[1]}" if order == "C" else f"column panel of {panel[1]} x {panel[0]}"
-    what = f"one {p}" if full_span else f"one block of {unit[0]} x {unit[1]} (the output chunks)"
+    chunked = not full_span and unit != (1, 1)  # a writer without chunks (HDF5, .npy) has a unit of 1 x 1
+    what = f"one block of {unit[0]} x {unit[1]} (the output chunks)" if chunked else \
+        f"one {p}" if full_span else "one block"
     return BudgetError(explain("memory", f"must hold {what} with its buffers", f"{_mib(memory)} "
                                f"(needs {_mib(need)})", f"raise the budget to at least {_mib(need)} "
-                               f"(--memory {_mib(need)}){'' if full_span else ', or choose smaller --chunks'}"),
+                               f"(--memory {_mib(need)}){', or choose smaller --chunks' if chunked else ''}"),
                        minimum=need)
 
 

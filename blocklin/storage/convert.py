@@ -270,7 +270,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
                 check_budget(cfg.memory)
             # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
             task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
-            plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr")
+            plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr",
+                                 chunks_given=chunks != "auto" and out_fmt == "zarr")
         except (BudgetError, ConfigError) as exc:
             err = _refused(writer, exc)
             writer = None
@@ -619,10 +620,12 @@ _BUDGET_SEARCH_STEPS = 60
 
 
 def _fitting_plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int, shape: tuple[int, int],
-                  auto: bool) -> Any:
+                  auto: bool, *, chunks_given: bool = False) -> Any:
     """:func:`_plan` at ``memory``; a refusal names a budget checked to suffice. With automatic
     chunks the output chunks grow with the budget (and the blocks with them), so the minimum one
-    plan names is not enough: the search replans at each candidate with the chunks it would pick."""
+    plan names is not enough: the search replans at each candidate with the chunks it would pick.
+    Smaller ``--chunks`` are suggested only where the user chose a zarr output's chunks
+    (``chunks_given``): a file export has none (its refusals had suggested them)."""
     try:
         return _plan(reader, writer, out_dt, memory)
     except BudgetError as exc:
@@ -636,7 +639,7 @@ def _fitting_plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int, shape
                 need = max(hint + 1, again.minimum or hint + hint // 4)
         what = re.sub(r" \(needs [^)]*\)", "", str(exc).split(". Fix: ")[0])  # the search's figure replaces it
         raise BudgetError(f"{what}. Fix: raise the budget to at least {size_hint(hint)} "
-                          f"(--memory {size_hint(hint)})" + ("" if auto else ", or choose smaller --chunks"),
+                          f"(--memory {size_hint(hint)})" + (", or choose smaller --chunks" if chunks_given else ""),
                           minimum=hint) from None
 
 

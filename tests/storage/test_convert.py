@@ -387,6 +387,19 @@ def test_budget_too_small_for_chunks(tmp_path, npy):
         blocklin.convert(npy, tmp_path / "o.zarr", chunks=(100, 100), memory="64KiB")
 
 
+@pytest.mark.parametrize("out", ["o.h5:/x", "o.csv", "o.mtx"])
+def test_budget_refusal_of_a_file_export_suggests_no_chunks(tmp_path, npy, out):
+    """A file export has no chunks: its budget refusal had said "one block of 1 x 1 (the output chunks)"
+    (HDF5) and, for every file format, "or choose smaller --chunks", which cannot help. It names the
+    budget that suffices, and that budget converts."""
+    with pytest.raises(BudgetError) as info:
+        blocklin.convert(npy, tmp_path / out, memory="16KiB")
+    msg = str(info.value)
+    assert "--chunks" not in msg and "the output chunks" not in msg and "1 x 1" not in msg, msg
+    need = re.search(r"at least (\S+) \(--memory", msg).group(1)
+    blocklin.convert(npy, tmp_path / out, memory=need)
+
+
 # -- CLI -------------------------------------------------------------------------------------------
 
 def test_cli_convert_json(tmp_path, npy, a, capsys):
