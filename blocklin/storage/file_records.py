@@ -10,8 +10,9 @@ nanoseconds, device and inode, from ``lstat``); for HDF5 also the datasets block
 file of that name, moved there, or turned into a link, no longer matches and is refused. Checking
 is one ``lstat`` and one small read: no hashing of the file.
 
-The record is written whole (a temporary name renamed into place). A run killed between the file's
-rename and its record leaves a file without a matching record: refused later, the safe side. An
+The record is written whole (a temporary name renamed into place). A run killed (SIGKILL) between the
+file's rename and its record leaves a file without a matching record: refused later, the safe side; a
+Ctrl-C or SIGTERM there still writes the record (the commit's ``finally``). An
 in-place HDF5 write marks the record ``writing`` once it holds the open file, before its first
 change, and rewrites it when the file is closed (committed or aborted); a record still marked
 ``writing`` whose file changed names that write (interrupted, or still running) in the refusal.

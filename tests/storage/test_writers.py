@@ -429,3 +429,28 @@ def test_second_file_export_of_one_job_leaves_the_live_partial_alone(tmp_path, s
     assert not second.partial.exists()
     second.partial.write_text("5,6\n")
     assert second.commit().read_text() == "5,6\n"
+
+
+def test_ctrl_c_right_after_a_file_export_is_renamed_still_records_it(tmp_path, monkeypatch):
+    """Ctrl-C between the rename of a file export into place and the writing of its record
+    (``.NAME.blocklin``) had left a complete file without one: the CLI said it "was written
+    (complete)", yet a later ``--overwrite`` refused it as a file blocklin did not write. The record
+    is written whatever interrupts the commit after the rename."""
+    from blocklin.storage import file_records
+    from blocklin.storage.formats import base
+
+    a = np.arange(12.0).reshape(3, 4)
+    np.save(tmp_path / "a.npy", a)
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(base, "note_written", interrupted)
+    out = tmp_path / "o.npy"
+    with pytest.raises(KeyboardInterrupt):
+        blocklin.convert(tmp_path / "a.npy", out)
+    np.testing.assert_array_equal(np.load(out), a)
+    assert file_records.matches(out, file_records.read(out))
+    monkeypatch.undo()
+    blocklin.convert(tmp_path / "a.npy", out, overwrite=True)  # blocklin's file: replaced
+    np.testing.assert_array_equal(np.load(out), a)

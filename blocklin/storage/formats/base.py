@@ -252,10 +252,15 @@ class AtomicFile:
             file_records.let_go(self.partial)  # no beat recreates the record dropped below
             os.replace(self.partial, self.path)
             self.committed = True
-            file_records.drop_owner(self.partial)
-        AtomicFile._writing.discard(str(self.partial))
-        note_written(self.path)
-        file_records.write(self.path, self.kind, datasets=datasets)
+            try:
+                file_records.drop_owner(self.partial)
+            finally:  # a Ctrl-C from here on still records the file (a complete file without its
+                # record had been refused by a later overwrite, though the run said it was written)
+                try:
+                    AtomicFile._writing.discard(str(self.partial))
+                    note_written(self.path)
+                finally:
+                    file_records.write(self.path, self.kind, datasets=datasets)
         return self.path
 
     def _owns_partial(self) -> bool:
