@@ -81,7 +81,7 @@ class SparseMatrix:
         #: the group's content stamp before the handle's first read (its attributes and row blocks, read
         #: here): every run that reads through the handle takes it, so a rewrite after the open is refused
         #: (:mod:`blocklin.storage.input_guard`)
-        self.stamp = input_guard.opened(self.location)
+        self.stamp = input_guard.opened(self.location, handle=True)
         self._store = SparseStore(self.location)
 
     # -- metadata --------------------------------------------------------------------------------
@@ -423,7 +423,11 @@ def as_sparse_matrix(a: Any, storage_options: dict | None = None) -> Any:
         loc = as_location(a, storage_options)
     except Exception:  # noqa: BLE001 - not a storage name: the dense route says what is wrong with it
         return a
-    return SparseMatrix(loc) if sparse_attributes(loc) is not None else a
+    if sparse_attributes(loc) is None:
+        return a
+    s = SparseMatrix(loc)
+    input_guard.opened_for_run(s.stamp)  # opened by the operation: its run takes the stamp as it is
+    return s
 
 
 def as_sparse_operator(a: Any) -> Any:
@@ -435,7 +439,9 @@ def as_sparse_operator(a: Any) -> Any:
         from blocklin.storage.sparse import is_sparse
 
         if is_sparse(a):
-            return SparseMatrix(a).aslinearoperator()
+            s = SparseMatrix(a)
+            input_guard.opened_for_run(s.stamp)
+            return s.aslinearoperator()
     return a
 
 

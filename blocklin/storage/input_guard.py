@@ -90,6 +90,8 @@ class RunInputs:
         self._checked.discard(loc.url)
         if loc.url in self.record or loc.pending or self._wrote(loc.url):
             return
+        if taken is not None and taken.get("url") == loc.url and isinstance(taken, HandleStamp):
+            _check_handle(taken, loc)
         rec = taken if taken is not None and taken.get("url") == loc.url else stamps.stamp_inputs([loc])[0]
         self.record[loc.url] = rec if "covers" in rec else _with_covers(loc, rec)
         self._locations[loc.url] = loc
@@ -182,17 +184,55 @@ def _with_covers(loc: Location, rec: dict) -> dict:
     return {**rec, "covers": c} if c is not None else rec
 
 
-def opened(loc: Location, *, covers: bool = False) -> dict | None:
+class HandleStamp(dict):
+    """The stamp a handle (:class:`blocklin.SparseMatrix`) took when it opened its input (:func:`opened`).
+
+    A run that takes it lists the input again first (:meth:`RunInputs.stamp`), so that a change since
+    the open, before the run, is refused at once as that ("open it again": the handle's attributes and
+    row blocks are the old version's), and a change the run's last listing finds is one made during
+    the run. The one run that may take it without that listing is the run of the call that opened the
+    handle itself (a path passed to an operation; :func:`opened_for_run`): its open is part of that run.
+    """
+
+    for_run = False
+
+
+def opened(loc: Location, *, covers: bool = False, handle: bool = False) -> dict | None:
     """The stamp of ``loc`` a handle takes when it opens it, before its first read (one listing), for the
     runs that read through the handle to take (:meth:`RunInputs.stamp`); None where it cannot be listed
     (opening it says why). ``covers``: with the version read now, for a zarr array, whose metadata read
     by a later run would hold rows appended since (a sparse group's history names the version a
-    listing holds, so its handle reads no more metadata)."""
+    listing holds, so its handle reads no more metadata). ``handle``: a :class:`HandleStamp`."""
     try:
         rec = stamps.stamp_inputs([loc])[0]
     except OSError:
         return None
-    return _with_covers(loc, rec) if covers else rec
+    rec = _with_covers(loc, rec) if covers else rec
+    return HandleStamp(rec) if handle else rec
+
+
+def opened_for_run(stamp: dict | None) -> None:
+    """The handle of ``stamp`` was opened by an operation for its own run (a path it was passed): that run
+    takes the stamp without listing the input again (:class:`HandleStamp`)."""
+    if isinstance(stamp, HandleStamp):
+        stamp.for_run = True
+
+
+def _check_handle(taken: HandleStamp, loc: Location) -> None:
+    """Refuse a run through a handle whose input changed since the handle opened it, before the run
+    (rows appended aside): one listing, skipped for the run of the call that opened the handle."""
+    if taken.for_run:
+        taken.for_run = False
+        return
+    today = stamps.stamp_inputs([loc])
+    covered = covered_by(loc, [taken])
+    kept = [taken if t["digest"] != taken["digest"] and _only_appended(covered, loc) else t for t in today]
+    what = stamps.changes([taken], kept, since="since its handle was opened, before this run")
+    if what:
+        raise InputChangedError(explain(
+            "inputs", "must keep the values a handle read when it opened them (its attributes and row blocks)",
+            "; ".join(what), f"nothing was read through the handle: open {loc.url} again (blocklin.open, or the "
+            "call that made the handle) and rerun with the new handle"))
 
 
 def stamps_for(inputs: Iterable[Location]) -> list[dict]:
@@ -261,5 +301,5 @@ def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: st
     return today
 
 
-__all__ = ["RunInputs", "check_unchanged", "checked", "coverage", "covered_by", "opened", "run_inputs", "run_reading",
-           "stamps_for", "writes"]
+__all__ = ["HandleStamp", "RunInputs", "check_unchanged", "checked", "coverage", "covered_by", "opened",
+           "opened_for_run", "run_inputs", "run_reading", "stamps_for", "writes"]
