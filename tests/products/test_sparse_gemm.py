@@ -247,6 +247,30 @@ def test_a_sparse_gram_beyond_the_range_is_refused_with_the_scaling_that_fits(st
     assert np.isfinite(g).all() and np.abs(g).max() > 0
 
 
+@pytest.mark.parametrize("k,dtype", [(-500, np.float64), (-60, np.float32)])
+def test_a_sparse_gram_whose_largest_entry_is_normal_is_kept(stored, tmp_path, k, dtype):
+    """Entries near ``2^-500`` (float32's ``2^-60``) give a Gram near ``2^-997`` (``2^-117``): normal numbers,
+    which the dense ``gram`` returns (docs/gemm.md), but below ``2^(minexp + nmant)``, where the sparse one
+    had refused them. Kept now, refused only where the largest entry is subnormal (every entry below the
+    normal numbers). Against the Gram of the data scaled by ``2^-k`` (exact) in float64, compared in those
+    units (``2^-2k`` times the result, exact): ``2 m eps ||S||_F^2`` (:func:`support.tolerances.assert_gram`)
+    plus the underflow of each of an entry's ``m`` products and of its rounding to ``dtype``, at most
+    ``u 2^minexp`` each (Higham 2002, eq. 2.8), ``n (m + 1) u 2^minexp`` in the Frobenius norm."""
+    x, _ = stored
+    y = x.astype(np.float64)
+    y.data = np.ldexp(y.data, k)
+    y = y.astype(dtype)
+    g = bl.gram(bl.from_sparse(y, tmp_path / "y.zarr"), memory="2MiB").to_numpy()
+    fi = np.finfo(dtype)
+    assert g.dtype == dtype and float(np.abs(g).max()) < 2.0 ** (fi.minexp + fi.nmant)  # the range once refused
+    z = y.astype(np.float64)
+    z.data = np.ldexp(z.data, -k)
+    zd = z.toarray()
+    m, n = zd.shape
+    assert_gram(np.ldexp(g.astype(np.float64), -2 * k), zd.T @ zd, zd, dtype=dtype,
+                extra=n * (m + 1) * np.ldexp(1.0, fi.minexp - fi.nmant - 1 - 2 * k))
+
+
 @pytest.mark.parametrize("product", ["S B", "S^T B", "X S"])
 def test_a_sparse_product_beyond_the_range_is_refused(stored, tmp_path, product):
     """Finite entries near 1e200 whose sums overflow had given an output of Inf and NaN without an error,

@@ -433,10 +433,13 @@ def sparse_gram_task(spec: SparseSpec) -> dict:
 
 
 def _check_gram_range(g: np.ndarray, dt: np.dtype, amax: float) -> None:
-    """Refuse, as the dense route refuses it, a Gram whose largest entry leaves ``dt``'s range or falls where
-    the smallest normal numbers keep a few bits (entries near ``1e200`` had given a Gram of ``inf``, near
+    """Refuse, as the dense route refuses it, a Gram whose largest entry leaves ``dt``'s range or is
+    subnormal, every entry below the normal numbers (entries near ``1e200`` had given a Gram of ``inf``, near
     ``1e-200`` one of ``0``, silently). Its diagonal holds the largest squares, so a Gram in range is summed
-    in float64 without overflow or loss: nothing to scale."""
+    in float64 without overflow; a product or a rounding to ``dt`` that underflows adds at most
+    ``u 2^minexp`` (:mod:`~blocklin.linalg.products.below_normal`), within the norm-wise bound of a largest
+    entry that is normal: nothing to scale. (The ``2^(minexp + nmant)`` margin had refused data near
+    ``2^-500``, a Gram near ``2^-997``, that the dense ``gram`` returns.)"""
     big = float(np.max(np.abs(g))) if g.size else 0.0
     # NaN or Inf data read with check_finite=False propagates, as in the products
     if amax == 0 or not np.isfinite(amax):
@@ -449,11 +452,11 @@ def _check_gram_range(g: np.ndarray, dt: np.dtype, amax: float) -> None:
     # whatever 2 log2(max |a|) says (entries below 2^512 whose squares sum past 2^1024 had returned Inf)
     top = int(np.frexp(big)[1]) if 0 < big < np.inf else \
         max(2 * int(np.frexp(amax)[1]), fi.maxexp + 1) if big == np.inf else 2 * int(np.frexp(amax)[1])
-    if top > fi.maxexp or top < fi.minexp + fi.nmant:
+    if top > fi.maxexp or top <= fi.minexp:  # the largest entry below 2^top: overflowing, or subnormal
         k = (fi.maxexp // 2 - top) // 2
         raise ParameterError(explain(
-            "a", f"must have a Gram matrix within the range of {dt.name} (largest entry between "
-            f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about 2^{top - 1} "
+            "a", f"must have a Gram matrix within the range of {dt.name} (largest entry a normal number, between "
+            f"2^{fi.minexp} and 2^{fi.maxexp})", f"a Gram whose largest entry is about 2^{top - 1} "
             f"(max |a| = {amax:.3g})", f"compute it in a scaled form: the Gram of the sparse matrix times "
             # ldexp, not x * 2.0**k: 2^k may lie outside float64's range, or (cast to float32 data's dtype)
             # float32's, where the product had given Inf entries
