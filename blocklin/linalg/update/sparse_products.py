@@ -26,7 +26,7 @@ from blocklin.linalg.products.sparse_gemm import (REPORT_KEYS, SparseOperand, ch
 from blocklin.linalg.update.gram import copied_before_claim
 from blocklin.operands import row_range
 from blocklin.runtime.job import Job
-from blocklin.sparse import SparseMatrix
+from blocklin.sparse import as_sparse_matrix
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.location import Location
@@ -42,7 +42,7 @@ _UNCHANGED = "(the update of {url} refused: the stored result is unchanged; scal
 def appended_rows(job: Job, g: Growth, name: str = "a") -> tuple[SparseOperand, SparseOperand]:
     """``(S, S_new)``: the stored sparse matrix of ``g`` as an operand of its ``g.rows`` rows, and the
     operand of its appended rows ``g.old_rows:g.rows`` (their entry count; what plans and resume tokens see)."""
-    s = SparseOperand.of(SparseMatrix(g.url, storage_options=job.cfg.storage_options), name)
+    s = SparseOperand.of(as_sparse_matrix(g.url, job.cfg.storage_options), name)  # the update's own open
     st = SparseStore(s.path)
     nnz = int(st.indptr[g.rows]) - int(st.indptr[g.old_rows])
     whole = dataclasses.replace(s, shape=(g.rows, s.shape[1]), nnz=int(st.indptr[g.rows]))

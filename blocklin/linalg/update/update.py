@@ -241,9 +241,9 @@ def _recompute_sparse(loc: Any, params: dict, url: str, settings: dict) -> Any:
     if not isinstance(params.get("pca"), dict):
         return factorize(url, int(upd["k"]), signs=bool(upd["signs"]), updatable=True, **kw)
     from blocklin.linalg.lowrank.sparse_pca import sparse_pca
-    from blocklin.sparse import SparseMatrix
+    from blocklin.sparse import as_sparse_matrix
 
-    res = sparse_pca(SparseMatrix(url, storage_options=settings.get("storage_options")), int(upd["k"]), scale=False,
+    res = sparse_pca(as_sparse_matrix(url, settings.get("storage_options")), int(upd["k"]), scale=False,
                      resume=False, updatable=True, factorize=factorize, svd_kw=kw,
                      record=lambda *_: params["pca"])[0]
     return res
