@@ -136,15 +136,12 @@ class _ArrayRows:
         pass
 
 
-def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict,
-                 storage_options: dict | None = None) -> tuple[Any, str, Location | None]:
+def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict) -> tuple[Any, str, Location | None]:
     """A reader of the rows to append, what to call them, and the stored location (None in memory)."""
     from blocklin.matrix import Matrix
 
     if isinstance(rows, Matrix):
         rows = rows.location  # read by row panels, never loaded whole
-    elif isinstance(rows, str) and "://" in rows:  # a URL is read with the call's storage_options, as a's
-        rows = as_location(rows, storage_options, name="rows")
     if isinstance(rows, (str, Location)) or hasattr(rows, "__fspath__"):
         from blocklin.storage.formats import open_reader
         from blocklin.storage.stamps import input_location
@@ -259,6 +256,8 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
         raise ParameterError(explain("nan", "must be 'allow' or 'error'", repr(nan), "pass nan='error'"))
     cfg = resolve(memory=memory)
     loc = matrix_location(a, storage_options)
+    if isinstance(rows, str) and "://" in rows:  # a URL is read with the call's storage_options, as a's
+        rows = as_location(rows, storage_options, name="rows")
     with exclusive(loc):  # a second append here waits for this one
         if is_sparse(loc):  # a blocklin-csr group: its CSR arrays are extended (storage.sparse_append)
             return append_sparse(loc, rows, memory=cfg.memory, progress=progress, nan=nan, from_format=from_format,
@@ -277,7 +276,7 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
     rec = read_journal(loc)
     if rec is not None:
         check_not_busy(loc, rec)
-    reader, what, src_loc = _rows_source(rows, n, from_format, reader_options, storage_options)
+    reader, what, src_loc = _rows_source(rows, n, from_format, reader_options)
     try:
         if src_loc is not None:
             from blocklin.storage.guard import relation

@@ -1,7 +1,7 @@
 """Results of operands and outputs on ``s3://`` (moto's S3 server on loopback) against NumPy and SciPy,
 for the public operations no other test checks there: ``cholesky``, ``lu``, ``qr``, ``lstsq``,
 ``solve_triangular``, ``cho_solve``, ``lu_solve``, ``pca``, ``norm``, ``cond``, ``det``, ``slogdet``,
-``aslinearoperator``, ``append`` (then ``update``) and NumPy's protocol functions on a ``Matrix`` opened
+``aslinearoperator``, ``append`` (then ``update``; sparse rows to a local sparse matrix) and NumPy's protocol functions on a ``Matrix`` opened
 from S3 (its upcast copy among them).
 
 Small chunks and budgets of a few hundred KiB, so that every call streams its operands from the bucket.
@@ -229,3 +229,22 @@ def test_factored_solves_read_what_blocklin_recorded_on_s3(bucket):
     blocklin.lu(url("sq"), url("out-lu2"), **kw)
     x = blocklin.lu_solve(url("out-lu2"), url("rhs"), **kw)
     assert_solve(x.to_numpy(), np.linalg.solve(SQ, RHS), SQ)
+
+
+def test_sparse_rows_from_s3_appended_to_a_local_sparse_matrix(bucket, tmp_path):
+    """A ``blocklin-csr`` group of rows in the bucket, its ``storage_options`` given to the call, appended
+    to a local sparse matrix: the result is ``vstack([S, R])`` entry for entry (the CSR arrays are copied,
+    no arithmetic). The sparse route took the URL without the call's options, so the rows were not
+    seen to be sparse and were refused as 'must be sparse ... (zarr)'."""
+    import s3fs
+    import scipy.sparse
+
+    url, opts = bucket
+    s = scipy.sparse.random(20, 8, density=0.3, random_state=1, format="csr")
+    r = scipy.sparse.random(5, 8, density=0.3, random_state=2, format="csr")
+    blocklin.from_sparse(s, tmp_path / "s.zarr")
+    blocklin.from_sparse(r, tmp_path / "r.zarr")
+    s3fs.S3FileSystem(**opts).put(str(tmp_path / "r.zarr"), url("sparse-rows")[5:], recursive=True)
+    out = blocklin.append(tmp_path / "s.zarr", url("sparse-rows"), storage_options=opts)
+    assert out.shape == (25, 8)
+    np.testing.assert_array_equal(out.to_scipy().toarray(), scipy.sparse.vstack([s, r]).toarray())
