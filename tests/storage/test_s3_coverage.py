@@ -248,3 +248,24 @@ def test_sparse_rows_from_s3_appended_to_a_local_sparse_matrix(bucket, tmp_path)
     out = blocklin.append(tmp_path / "s.zarr", url("sparse-rows"), storage_options=opts)
     assert out.shape == (25, 8)
     np.testing.assert_array_equal(out.to_scipy().toarray(), scipy.sparse.vstack([s, r]).toarray())
+
+
+def test_sample_weight_at_a_url_with_the_calls_options(bucket):
+    """``sample_weight`` given as a URL (as ``blocklin solve --sample-weight W.zarr`` passes it), read with the
+    call's ``storage_options`` like ``a`` and ``b``: ``x`` is scikit-learn's ``Ridge(alpha=lam^2)`` fit with
+    those weights, within ``support.ridge.coef_bound`` (the weighted normal equations' forward error), for a
+    tall ``A`` in the bucket. A path or URL had been refused as a scalar weight."""
+    from sklearn.linear_model import Ridge
+
+    from support.ridge import coef_bound, weights
+
+    url, opts = bucket
+    w = weights(TALL.shape[0], seed=3)
+    b = np.random.default_rng(23).standard_normal((TALL.shape[0], 2))
+    blocklin.from_array(w[:, None], url("w"), chunks=(40, 1), storage_options=opts)
+    blocklin.from_array(b, url("b-tall"), chunks=(40, 2), storage_options=opts)
+    x = blocklin.solve(url("tall"), url("b-tall"), lam=0.5, sample_weight=url("w"), memory="192KiB",
+                       storage_options=opts)
+    assert x.report["sample_weight"] is True
+    ref = Ridge(alpha=0.25, fit_intercept=False, solver="svd").fit(TALL, b, sample_weight=w).coef_
+    assert np.linalg.norm(x.to_numpy().T - ref) <= coef_bound(TALL, b, w, 0.5, False, np.float64, ref)

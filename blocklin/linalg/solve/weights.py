@@ -10,6 +10,7 @@ not all zero; one pass over them alone (``8 m`` bytes read) checks that before `
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,9 @@ from blocklin.runtime.passes import run_pass, source
 
 def weight_operand(job: Job, sample_weight: Any, m: int) -> Any:
     """``sample_weight`` as a stored ``m x 1`` operand (a NumPy, Dask or stored vector, or a column)."""
-    if np.isscalar(sample_weight) or (isinstance(sample_weight, np.ndarray) and sample_weight.ndim == 0):
+    stored = isinstance(sample_weight, (str, os.PathLike))  # a path or URL (np.isscalar says True of a str)
+    if not stored and (np.isscalar(sample_weight) or (isinstance(sample_weight, np.ndarray)
+                                                      and sample_weight.ndim == 0)):
         raise ParameterError(_msg("sample_weight", "must be a vector of one weight per row of a", repr(sample_weight),
                                   "pass sample_weight=np.full(m, w); a constant weight c is the same as lam / "
                                   "sqrt(c) without weights"))
