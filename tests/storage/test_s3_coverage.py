@@ -269,3 +269,28 @@ def test_sample_weight_at_a_url_with_the_calls_options(bucket):
     assert x.report["sample_weight"] is True
     ref = Ridge(alpha=0.25, fit_intercept=False, solver="svd").fit(TALL, b, sample_weight=w).coef_
     assert np.linalg.norm(x.to_numpy().T - ref) <= coef_bound(TALL, b, w, 0.5, False, np.float64, ref)
+
+
+def test_delete_of_results_in_the_bucket_without_a_stored_factor(bucket):
+    """``delete()`` of an ``svd`` (``return_singular_vectors="vh"``: no stored factor returned) and an
+    ``eigsh`` (its vectors in memory) written to the bucket, with the call's ``storage_options``: the
+    groups are removed. Found from the report's URL alone, they had been opened without the options
+    (botocore's ``NoCredentialsError``) and left in place. The values returned stay usable: the singular
+    values against NumPy's (Weyl, the Gram route's bound), the eigenpairs the same bits as those of the
+    same call on the matrix in memory (tests/storage/test_s3.py's check)."""
+    import s3fs
+
+    url, opts = bucket
+    fs = s3fs.S3FileSystem(**opts)
+    res = blocklin.svd(url("tall"), 3, out=url("svd-vh"), return_singular_vectors="vh", seed=0, storage_options=opts)
+    assert res.U is None and fs.exists(url("svd-vh")[5:])
+    res.delete()
+    assert not fs.exists(url("svd-vh")[5:])
+    assert_singular_values(res.s, np.linalg.svd(TALL, compute_uv=False)[:3], n=TALL.shape[0], gram=True)
+    eig = blocklin.eigsh(url("spd"), 2, out=url("eig"), seed=0, order="ascending", storage_options=opts)
+    assert fs.exists(url("eig")[5:])
+    eig.delete()
+    assert not fs.exists(url("eig")[5:])
+    ref = blocklin.eigsh(SPD, 2, seed=0, order="ascending")
+    np.testing.assert_array_equal(eig.w, ref.w)
+    np.testing.assert_array_equal(eig.V, ref.V)

@@ -43,14 +43,18 @@ def write_group(job: Any, out: Any, A: Any, arrays: dict, operation: str, plan: 
 def delete_output(result: Any) -> None:
     """Remove the group a factorization ``result`` was written to (``report["output"]``: its stored
     factor and every array beside it), where ``Matrix.delete`` on the stored factor removes that
-    array alone and leaves the group. The group is found from the stored factor's location (its
-    storage options with it), else from the report; NumPy arrays the result holds stay usable."""
+    array alone and leaves the group. The group is found from the result's ``output`` or its stored
+    factor's location (their storage options with them: an S3 group whose credentials came with the
+    call is not reachable by its URL alone), else from the report; NumPy arrays the result holds stay
+    usable."""
     from blocklin.matrix import Matrix
     from blocklin.storage.backend import remove
     from blocklin.storage.location import as_location
 
     stored = [x for x in result if isinstance(x, Matrix)]
-    if stored:
+    if getattr(result, "output", None) is not None:
+        remove(result.output)
+    elif stored:
         remove(stored[0].location.parent)
     elif result.report.get("output"):
         remove(as_location(result.report["output"]))

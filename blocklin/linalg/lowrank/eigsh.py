@@ -49,9 +49,10 @@ WHICH = ("LA", "SA", "LM")
 class EighResult(tuple):
     """``(w, V)`` with a ``report`` attribute."""
 
-    def __new__(cls, w: np.ndarray, V: np.ndarray, report: dict) -> EighResult:
+    def __new__(cls, w: np.ndarray, V: np.ndarray, report: dict, output: Any = None) -> EighResult:
         obj = super().__new__(cls, (w, V))
         obj.report = report
+        obj.output = output  # the stored group's Location (its storage options with it), else None
         return obj
 
     @property
@@ -429,6 +430,8 @@ def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overw
                         restarts=res.restarts, residuals=res.residuals[order].tolist(), tol=tol,
                         converged=res.converged, which=which, seed=seed, block=plan.block, history=res.history,
                         in_core=plan.in_core, plan=plan.to_dict(), phases=phases)
+    path = None
     if out is not None:
-        report["output"] = str(write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite, ao=ao))
-    return EighResult(w, vecs, report)
+        path = write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite, ao=ao)
+        report["output"] = str(path)
+    return EighResult(w, vecs, report, output=path)

@@ -49,10 +49,10 @@ from blocklin.validate import check_k, start_vector
 
 def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: int, block_size: int | None,
                  max_basis: int | None, seed: int, order: str, check_symmetric: bool, v0: Any, laplacian: str | None,
-                 out: Any, overwrite: bool, refused: dict, settings: dict) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(w, V, report)``: ``k`` eigenpairs of the stored sparse symmetric ``s``, or of the Laplacian
+                 out: Any, overwrite: bool, refused: dict, settings: dict) -> tuple[np.ndarray, Any, dict, Any]:
+    """``(w, V, report, output)``: ``k`` eigenpairs of the stored sparse symmetric ``s``, or of the Laplacian
     (``laplacian``) of the graph whose adjacency it is (see module notes); ``out``: a zarr group with
-    ``w``, ``V`` and the report, as the dense route writes."""
+    ``w``, ``V`` and the report, as the dense route writes (``output``: its Location, None without)."""
     asked = [name for name, on in refused.items() if on]
     if asked:
         raise ParameterError(explain(asked[0], "is not available for a sparse matrix (its eigenpairs come from "
@@ -157,6 +157,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
                 for name, x in (("w", w), ("V", V)):
                     write_array(ao.array_path(name), x)
         del vectors, res
+        path = None
         if ao is not None:
             params = {"k": k, "method": "lanczos", "which": which, "order": order, "laplacian": laplacian}
             path = ao.commit("eigsh", params=params, report=job.brief(
@@ -164,7 +165,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
             report["output"] = str(path)
             if V is None:  # spilled: the stored V, a temporary group's where out was not given
                 V = Matrix(path / "V", report=report, temporary=out is None)
-    return w, V, report
+    return w, V, report, path
 
 
 def _start(n: int, block: int, seed: int, v0: np.ndarray | None) -> np.ndarray:

@@ -101,9 +101,12 @@ class SVDResult(tuple):
 
     def __new__(cls, U: Any, s: np.ndarray, Vt: Any, report: dict, mean: np.ndarray | None = None,
                 scale: np.ndarray | None = None, moments: Moments | None = None,
-                scaled: tuple[Moments, int] | None = None) -> SVDResult:
+                scaled: tuple[Moments, int] | None = None, output: Any = None) -> SVDResult:
         obj = super().__new__(cls, (U, s, Vt))
         obj.report = report
+        #: the stored group's Location (its storage options with it), None where nothing was stored:
+        #: what :meth:`delete` removes when no stored factor names it
+        obj.output = output
         obj.mean = mean  # column means subtracted (center=True), else None
         obj.scale = scale  # column standard deviations divided by (scale=True), else None
         obj.moments = moments  # the column means and variances when centered or scaled
@@ -640,7 +643,7 @@ def _returned(res: SVDResult, vectors: bool | str) -> SVDResult | np.ndarray:
     if vectors in ("u", "vh"):  # the factor not asked for is None
         keep = (res.U, res.s, None) if vectors == "u" else (None, res.s, res.Vt)
         return SVDResult(*keep, res.report, mean=res.mean, scale=res.scale, moments=res.moments,
-                         scaled=res.scaled_moments)
+                         scaled=res.scaled_moments, output=res.output)
     return res
 
 
@@ -759,5 +762,5 @@ def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, rep
         remove(path)
     extra = {"mean": f.mean, "scale": f.scale, "moments": f.moments, "scaled": f.scaled_moments}
     if plan.transposed:
-        return SVDResult(small["U"], s, stored, report, **extra)
-    return SVDResult(stored, s, small["Vt"], report, **extra)
+        return SVDResult(small["U"], s, stored, report, output=path, **extra)
+    return SVDResult(stored, s, small["Vt"], report, output=path, **extra)

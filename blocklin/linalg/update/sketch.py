@@ -187,7 +187,8 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                      report=job.brief(report, GROUP_REPORT_KEYS + ("updated",)),
                      extra={"updates": list(prov.get("updates") or []) + [updated]})
     report["output"] = str(path)
-    return SVDResult(Matrix(path / "U", report=report) if old.has_u else None, small["S"], small["Vt"], report)
+    return SVDResult(Matrix(path / "U", report=report) if old.has_u else None, small["S"], small["Vt"], report,
+                     output=path)
 
 
 def _plans(job: Job, A: Any, new: Any, kw: dict, k: int, e: int, seed: int, gen: int, y_old: Any) -> Any:

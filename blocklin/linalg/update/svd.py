@@ -247,7 +247,7 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
                      extra={"updates": list(prov.get("updates") or []) + [updated]})
     return SVDResult(Matrix(path / "U", report=report) if old.U is not None else None,
                      f.s.astype(np.finfo(old.dtype).dtype), f.V.conj().T.astype(old.dtype), report, mean=mean if upd["center"] else None,
-                     scale=f.scale if upd["scale"] else None)
+                     scale=f.scale if upd["scale"] else None, output=path)
 
 
 def _write_small(ao: Any, old: _Stored, f: _Factors, mean: np.ndarray, c: np.ndarray) -> None:
@@ -274,7 +274,7 @@ def load(out: Location, report: dict) -> SVDResult:
         U = Matrix(out / "U", report=report)
     except (FileNotFoundError, OSError):
         U = None
-    return SVDResult(U, arrays["S"], arrays["Vt"], report, mean=arrays["mean"], scale=arrays["scale"])
+    return SVDResult(U, arrays["S"], arrays["Vt"], report, mean=arrays["mean"], scale=arrays["scale"], output=out)
 
 
 def _aligned(V: np.ndarray, V0: np.ndarray) -> np.ndarray:
