@@ -266,3 +266,22 @@ def test_cli_sample_weight_file_refused_naming_the_option(tmp_path, case, capsys
     assert {"missing": "does not exist", "folder": "is a folder", "object": "dtype object",
             "garbage": ".npy header"}[case] in err, err
     assert not out.exists()
+
+
+def test_cli_sample_weight_zarr(tmp_path):
+    """``blocklin solve A B --sample-weight W.zarr`` (a stored vector, as the option's help says): ``x`` is
+    ``Ridge.fit(..., sample_weight=w)``'s within :func:`check`'s bound. A path had been refused as a scalar
+    weight (``np.isscalar`` is True of a str)."""
+    from blocklin.cli.main import main
+
+    a, b = problem(600, 5, 1, seed=14)
+    w = weights(600)
+    pa, pb, pw, out = (str(tmp_path / n) for n in ("a.zarr", "b.zarr", "w.zarr", "x.zarr"))
+    bl.from_array(a, pa)
+    bl.from_array(b, pb)
+    bl.from_array(w[:, None], pw)
+    assert main(["solve", pa, pb, "-o", out, "--lambda", "2.0", "--fit-intercept", "--sample-weight", pw,
+                 "--temp-dir", str(tmp_path), "--no-progress"]) == 0
+    x = bl.open(out)
+    x.intercept = np.asarray(x.provenance["report"]["intercept"])  # as the run returned it (its stored report)
+    check(x, a, b, w, 2.0, True)
