@@ -294,3 +294,8 @@ def test_delete_of_results_in_the_bucket_without_a_stored_factor(bucket):
     ref = blocklin.eigsh(SPD, 2, seed=0, order="ascending")
     np.testing.assert_array_equal(eig.w, ref.w)
     np.testing.assert_array_equal(eig.V, ref.V)
+    cov = blocklin.eigsh(url("tall"), 2, center=True, out=url("cov"), seed=0, order="ascending", storage_options=opts)
+    assert fs.exists(url("cov")[5:])
+    cov.delete()  # the covariance's eigenpairs, from the centered svd's group
+    assert not fs.exists(url("cov")[5:])
+    np.testing.assert_array_equal(cov.w, blocklin.eigsh(TALL, 2, center=True, seed=0, order="ascending").w)

@@ -274,7 +274,8 @@ def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighRes
     # ||C v - w v|| = s ||A_c^T u - s v|| / (m - 1), since A_c v = s u
     resid = np.asarray(res.report["residuals"]) * (res.s.astype(np.float64) / max(m - 1, 1))  # w fits: so does each
     report = dict(res.report, which=which, order=order, center=True, covariance_ddof=1, residuals=resid[idx].tolist())
-    return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report)
+    kept = res.output if kw.get("out") is not None else None  # the group delete() removes
+    return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report, output=kept)
 
 
 def _check_covariance_k(k: Any, m: int, n: int) -> None:
