@@ -700,7 +700,7 @@ class Job:
     def keep_seen_peaks(self, path: Any, before: str, amax: float, peaks: Any = None, *,
                         transposed: bool = False) -> None:
         """Keep what a first pass saw of the whole input at ``path`` for a later job
-        (:func:`blocklin.storage.seen_peaks.remember`) when this job ends: where the run's check before
+        (:func:`blocklin.storage.seen_peaks.remember`) when this job ends without an error: where the run's check before
         it returns lists the input (:meth:`~blocklin.storage.input_guard.RunInputs.check`), that
         listing is the stamp after the pass, else one is taken then. ``before``: its stamp before the
         pass."""
@@ -720,7 +720,6 @@ class Job:
                 listed = self.inputs.check(f"the {self.operation} result")
             except InputChangedError as err:
                 changed, exc_type = err, InputChangedError
-        self._remember_seen_peaks(listed)
         self._failed = exc_type is not None  # work folders kept for resume (work_dir)
         self._interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
         try:
@@ -728,6 +727,11 @@ class Job:
             keep = exc_type is None or issubclass(exc_type, WorkerLostError)
             for ao in self.outputs:
                 ao.release() if keep else ao.abort(interrupted=self._interrupted, report=False)
+            # a failed run keeps nothing for later jobs (a listing more on a path already failing), and a cache
+            # that cannot be written costs a later job its scan, never this run's cleanup
+            if exc_type is None:
+                with contextlib.suppress(Exception):
+                    self._remember_seen_peaks(listed)
         finally:
             with contextlib.suppress(ValueError):  # exited in another context than it was entered
                 _running.reset(self._running_token)
