@@ -510,6 +510,7 @@ def _check_normal_range(op: Gemm, recompute: str | None = None) -> None:
     appended rows' product as subnormals of few digits, silently)."""
     k = op.A.shape[0] if op.trans_a else op.A.shape[1]
     peak_a, peak_b = functools.cache(lambda: max_abs(op.A)), functools.cache(lambda: max_abs(op.B))
+    peak_c = functools.cache(lambda: max_abs(op.C))  # one pass over an unrecorded C (an update's copy) at most
     # |op(A) op(B)|_ij <= sum_l |a_il| |b_lj|, at most k max |a| max |b|, and at most sum_l max_i |a_il| times
     # max |b| (or the mirror) where a writer recorded op(A)'s peaks along the inner index: no pass, and tighter
     # where a few lines hold the large entries (fsum: one rounding, within the shortfall's margin)
@@ -524,7 +525,7 @@ def _check_normal_range(op: Gemm, recompute: str | None = None) -> None:
     for what, factors in bounds:
         terms = [(lambda: abs(op.alpha), *factors)]
         if op.C is not None:
-            terms.append((lambda: abs(op.beta), lambda: max_abs(op.C)))
+            terms.append((lambda: abs(op.beta), peak_c))
         found = shortfall(terms, op.dtype)
         if found is not None and (best is None or found[0] < best[1][0]):
             best = what, found
