@@ -171,6 +171,27 @@ def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYP
     return dt
 
 
+def linalg_promoted(a: Any, b: Any) -> Any:
+    """NumPy's computing dtype of ``numpy.linalg.solve`` or ``lstsq`` on ``a`` and ``b`` where their float or
+    complex dtypes differ in precision (``float32`` with ``float64``: float64; ``float32`` with
+    ``complex128``: complex128), else ``None`` (blocklin's own solve takes one dtype, or a real and a
+    complex one of one precision). NumPy casts both operands up and solves in that dtype; so must a
+    ``Matrix`` met through NumPy's API, whose code has no ``dtype=`` to pass."""
+    # integers count as the float64 NumPy casts them to (blocklin casts them alike): float32 with integers is
+    # float64 in NumPy, which had been computed in float32 and returned as float64
+    da, db = (np.dtype(np.float64) if d.kind in "iub" else d for d in (dtype_of(a), dtype_of(b)))
+    if da.kind not in "fc" or db.kind not in "fc":
+        return None
+    out = np.result_type(da, db)
+    same_precision = np.finfo(da).dtype == np.finfo(db).dtype
+    return None if same_precision else out
+
+
+def dtype_of(x: Any) -> np.dtype:
+    """``x``'s dtype, or NumPy's for a list or scalar."""
+    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
 def same_dtype(*operands: Any, complex_promotion: bool = False) -> np.dtype:
     """Operands that share one dtype (a solve casts nothing silently, as GEMM does not).
 

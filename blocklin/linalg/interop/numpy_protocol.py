@@ -23,6 +23,7 @@ import numpy as np
 
 from blocklin.errors import NotSquareError, ParameterError, explain
 from blocklin.matrix import ARRAY_FUNCTIONS, Matrix
+from blocklin.validate import dtype_of, linalg_promoted
 
 
 def _vector_result(x: Any, b: Any) -> Any:
@@ -86,32 +87,11 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
     return matmul(a, b)
 
 
-def linalg_promoted(a: Any, b: Any) -> Any:
-    """NumPy's computing dtype of ``numpy.linalg.solve`` or ``lstsq`` on ``a`` and ``b`` where their float or
-    complex dtypes differ in precision (``float32`` with ``float64``: float64; ``float32`` with
-    ``complex128``: complex128), else ``None`` (blocklin's own solve takes one dtype, or a real and a
-    complex one of one precision). NumPy casts both operands up and solves in that dtype; so must a
-    ``Matrix`` met through NumPy's API, whose code has no ``dtype=`` to pass."""
-    # integers count as the float64 NumPy casts them to (blocklin casts them alike): float32 with integers is
-    # float64 in NumPy, which had been computed in float32 and returned as float64
-    da, db = (np.dtype(np.float64) if d.kind in "iub" else d for d in (_dtype_of(a), _dtype_of(b)))
-    if da.kind not in "fc" or db.kind not in "fc":
-        return None
-    out = np.result_type(da, db)
-    same_precision = np.finfo(da).dtype == np.finfo(db).dtype
-    return None if same_precision else out
-
-
-def _dtype_of(x: Any) -> np.dtype:
-    """``x``'s dtype, or NumPy's for a list or scalar."""
-    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
-
-
 def _upcast(x: Any, dtype: np.dtype, stack: contextlib.ExitStack, name: str) -> Any:
     """``x`` (the operand ``name``) in ``dtype`` (an exact widening): an array cast, a stored ``Matrix`` copied
     to a temporary store under the temp dir, removed when ``stack`` closes (the input is never touched); the
     copy is checked against the temp dir's free space first, as every temporary store is."""
-    if _dtype_of(x) == dtype:
+    if dtype_of(x) == dtype:
         return x
     if not isinstance(x, Matrix):  # a Dask or xarray operand casts lazily, as it is read; a list is loaded
         return x.astype(dtype) if hasattr(x, "astype") else np.asarray(x).astype(dtype)

@@ -24,7 +24,7 @@ from blocklin.linalg.solve.rcond import check_rcond, rank_cut
 from blocklin.linalg.products.gemm import product
 from blocklin.matrix import Matrix
 from blocklin.runtime.powers import ldexp, max_exponent
-from blocklin.validate import in_memory_array
+from blocklin.validate import in_memory_array, linalg_promoted
 from blocklin.storage import remove
 
 
@@ -184,11 +184,9 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
 
 def _promoted_in_memory(a: Any, bb: np.ndarray) -> Any:
     """A NumPy ``a`` in NumPy's computing dtype for ``a`` and ``b`` where their precisions differ (float32 with a
-    float64 or integer ``b``: float64, :func:`~blocklin.linalg.interop.numpy_protocol.linalg_promoted`), cast in
+    float64 or integer ``b``: float64, :func:`~blocklin.validate.linalg_promoted`), cast in
     memory as ``numpy.linalg.lstsq`` casts it, so the SVD, the rank and ``x`` carry float64's accuracy; a stored
     ``a`` is not copied unasked (:func:`_warn_narrow` says so)."""
-    from blocklin.linalg.interop.numpy_protocol import linalg_promoted
-
     dtype = linalg_promoted(a, bb) if isinstance(a, np.ndarray) else None
     return a if dtype is None else a.astype(dtype)
 
