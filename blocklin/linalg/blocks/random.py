@@ -46,7 +46,8 @@ GENERATOR_SFC64 = 2
 #: are random sign matrices (:class:`SignRows`); ``Omega``, ``Psi`` and every other use draw the normals
 #: of generator 2.
 GENERATOR_SIGNS = 3
-#: Every generator :class:`GaussianRows` can draw from.
+#: Every generator a result may record (generator 3 draws ``Upsilon`` and ``Phi`` by :class:`SignRows`, its
+#: other test matrices by :class:`GaussianRows` as generator 2).
 GENERATORS = (GENERATOR_PHILOX64, GENERATOR_SFC64, GENERATOR_SIGNS)
 #: The generator of new results (recorded with them: ``generator`` in an updatable sketch's state).
 SKETCH_GENERATOR = GENERATOR_SIGNS

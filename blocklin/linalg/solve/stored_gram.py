@@ -161,7 +161,7 @@ class _GramSolve:
         one power (the GEMMs' and substitutions' scalar ``alpha``) unless it would take a column's largest entry
         below ``2^-510`` (its squares, of which the reported norms are made, out of float64's normal range) or
         below the normal range itself (:func:`~blocklin.linalg.blocks.scaling.column_exponents_for`): then each
-        column is divided by its own power into a float64 copy of ``b`` (:meth:`stage_b`) that the solve reads
+        column is divided by its own power into a copy of ``b`` in the solve's dtype (:meth:`stage_b`) that the solve reads
         with ``e = 0``, and column ``j`` of ``x`` is multiplied back by its own (:attr:`col_e`), as the in-memory
         routes do. Columns ``2^1200`` apart had been refused here, and before that flushed to 0 and refused after
         the factorization as an ``x`` below the range."""
