@@ -34,13 +34,13 @@ M, N = 9, 16
 SCALE = 3.7  # ||A||: the rule is relative to it
 
 
-def _matrix(seed: int = 5) -> np.ndarray:
-    """``M x N``, singular values ``SCALE`` down to ``1e-8 SCALE`` (log-spaced), plus column means with
+def _matrix(seed: int = 5, low: float = -8) -> np.ndarray:
+    """``M x N``, singular values ``SCALE`` down to ``10^low SCALE`` (log-spaced), plus column means with
     ``offset`` (none here: the intercept tests add their own)."""
     rng = np.random.default_rng(seed)
     u = np.linalg.qr(rng.standard_normal((M, M)))[0]
     v = np.linalg.qr(rng.standard_normal((N, N)))[0][:M]
-    return (u * (SCALE * np.logspace(0, -8, M))) @ v
+    return (u * (SCALE * np.logspace(0, low, M))) @ v
 
 
 def _reference(a: np.ndarray, b: np.ndarray, lam: float, intercept: bool = False, w=None):
@@ -222,3 +222,54 @@ def test_wide_auto_complex_takes_the_qr_route(intercept):
     np.testing.assert_array_equal(x.to_numpy(), q.to_numpy())
     if intercept:
         np.testing.assert_array_equal(x.intercept, q.intercept)
+
+
+def _min_norm_bound(a: np.ndarray, x_ref: np.ndarray) -> np.ndarray:
+    """The QR route's bound on ``||dx||`` per column at ``lam = 0`` (the minimum-norm solution of a full-row-rank
+    wide ``A``, ``r = 0``): Wedin's ``d kappa(A) (2 + ...)`` as the module docstring's, taken as ``3 d kappa(A)``
+    relative (docs/solve.md), ``kappa(A)`` in mpmath at 60 digits."""
+    with mp.workdps(60):
+        s = mp.svd_r(mp.matrix(a.tolist()), compute_uv=False)
+        kappa = float(max(s) / min(s))
+    return 3 * 2 * (M + N) * EPS64 * kappa * np.linalg.norm(x_ref, axis=0)
+
+
+@pytest.mark.parametrize("low", [-7, -4])
+def test_wide_auto_minimum_norm_takes_the_qr_route(low):
+    """``lam = 0`` (the minimum-norm solution), singular values ``||A||`` to ``10^low ||A||``: the dual form squares
+    ``kappa(A)`` (``5e-4`` off at ``1e-7``, ``3e-9`` at ``1e-4``), the QR route's bound is ``3 d kappa(A)``.
+    ``method="auto"`` had never switched at ``lam = 0`` (both bounds read as infinite, their ratio as 0); now it
+    takes the QR route and ``x`` is within that route's bound."""
+    a, b = _matrix(low=low), _rhs()
+    x_ref, _, _, _ = _reference(a, b, 0.0)
+    bound = _min_norm_bound(a, x_ref)
+    assert np.all(bound < 0.1 * np.linalg.norm(x_ref, axis=0))
+    x = bl.solve(a, b, lam=0.0)
+    err = np.linalg.norm(x.to_numpy() - x_ref, axis=0)
+    assert np.all(err <= bound), (err, bound)
+    assert x.report["method"] == "qr" and "switched to the QR route" in x.report["method_reason"]
+
+
+def test_wide_auto_minimum_norm_beyond_the_gram_resolution_takes_the_qr_route():
+    """``lam = 0`` with singular values ``||A||`` to ``1e-10 ||A||``: ``A A^T`` resolves them to about
+    ``sqrt(eps) ||A||`` only, so the dual form refuses ``a`` as rank-deficient (``SingularMatrixError``, which
+    ``method="auto"`` had passed on); the R factor of ``A^T`` resolves them, and ``x`` is within the QR route's
+    bound. An exactly rank-deficient ``a`` is still refused (the R factor does not resolve it either); the dual
+    form's other refusal, ``s^2 + lam^2`` beyond float64, the QR route meets as well (tests/solve/test_solve.py,
+    ``test_wide_dual_form_refuses_a_direction_whose_filter_leaves_the_range``), so it stands."""
+    from blocklin.errors import SingularMatrixError
+
+    a, b = _matrix(low=-10), _rhs()
+    with pytest.raises(SingularMatrixError, match="full row rank"):
+        bl.solve(a, b, lam=0.0, method="normal")
+    x_ref, _, _, _ = _reference(a, b, 0.0)
+    bound = _min_norm_bound(a, x_ref)
+    assert np.all(bound < 0.1 * np.linalg.norm(x_ref, axis=0))
+    x = bl.solve(a, b, lam=0.0)
+    err = np.linalg.norm(x.to_numpy() - x_ref, axis=0)
+    assert np.all(err <= bound), (err, bound)
+    assert x.report["method"] == "qr" and "does not resolve" in x.report["method_reason"]
+    deficient = a.copy()
+    deficient[-1] = deficient[0] + deficient[1]
+    with pytest.raises(SingularMatrixError, match="lam"):
+        bl.solve(deficient, b, lam=0.0)

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import NonFiniteError
+from blocklin.errors import NonFiniteError, SingularMatrixError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, refuse_flushed_rhs, scaled_columns
 from blocklin.linalg.blocks.scaling import column_exponents_for, incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram, without_direction
 from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x, warn_intercept
-from blocklin.linalg.solve.wide_auto import takes_qr
+from blocklin.linalg.solve.wide_auto import may_switch_to_qr
 from blocklin.runtime.powers import ldexp
 from blocklin.matrix import Matrix
 from blocklin.runtime.passes import run_pass, source
@@ -189,7 +189,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str, qr_reason: str | None = None) -> d
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     held: list = []  # the spectrum's warnings, where the bordered solves may take every solution again
     bordered = ctx.intercept and r is None and ctx.cdtype == "float64"
-    switchable = r is None and takes_qr(ctx)  # method="auto": the QR route may be worth its pass (wide_auto)
+    switchable = r is None and may_switch_to_qr(ctx)  # method="auto": the QR route may be worth its pass (wide_auto)
     if bordered or switchable:  # held: said later, or not at all where the QR route gives x
         import warnings
 
@@ -198,6 +198,13 @@ def solve_wide(ctx: TikhonovRun, x_path: str, qr_reason: str | None = None) -> d
                 warnings.simplefilter("always")
                 spec = _without_intercept_direction(ctx, spec, np.sqrt(w)) if ctx.intercept else spec
                 ys = coefficients(ctx, spec, info, "row")
+        except SingularMatrixError:  # lam = 0 beyond A A^T's resolution: the R factor may resolve it
+            reason = _singular_switch(ctx, info) if switchable else None
+            if not reason:
+                _replay(held, superseded=False)
+                raise
+            ctx.dual_kernel = ctx.loo_choice = None
+            return solve_wide(ctx, x_path, qr_reason=reason)
         except BaseException:  # what was said before a refusal or an interrupt is said still
             _replay(held, superseded=False)
             raise
@@ -392,6 +399,23 @@ def _auto_switch(ctx: TikhonovRun, spec: Any, info: dict, kernels: tuple) -> str
     return (f"switched to the QR route at {at}: the dual form's first-order error bound (eps ||A||^2 / lam^2 at "
             f"worst) is {gain:.3g} times that of the R factor of A^T, backward stable for [A; lam I] "
             f"(>= {AUTO_DUAL_MARGIN:.0e}); one more pass")
+
+
+def _singular_switch(ctx: TikhonovRun, info: dict) -> str | None:
+    """Why ``method="auto"`` takes the QR route where the dual form refused ``lam = 0`` as rank-deficient,
+    or None where the TSQR pass does not fit (the refusal stands). ``A A^T`` resolves singular values to about
+    ``sqrt(eps) ||A||``, the R factor of ``A^T`` to ``eps ||A||``: singular values ``||A||`` to ``1e-10 ||A||``
+    (9 x 16) were refused, the QR route's minimum-norm ``x`` is ``5e-7`` from it (its bound ``3 d kappa(A)``).
+    Where the R factor does not resolve them either, that route refuses as the dual form did. The refusal to keep
+    the dual form at a ``lam`` whose ``s^2 + lam^2`` leaves float64 (``_check_dual_range``) is not taken: the R
+    factor's dual spectrum meets the same range (tests/solve/test_solve.py)."""
+    from blocklin.linalg.solve.least_squares_budget import wide_qr_refusal
+
+    if wide_qr_refusal(ctx.job, ctx.A, intercept=bool(ctx.intercept), cplx=ctx.cdtype != "float64") is not None:
+        return None
+    return ("switched to the QR route at lam = 0: A A^T's spectrum does not resolve a's smallest singular values "
+            f"(condition estimate {float(info.get('cond_estimate', float('inf'))):.3g}); the R factor of A^T "
+            "resolves them to eps ||A||; one more pass")
 
 
 def _rows_apart_solves(ctx: TikhonovRun, spec: Any, info: dict, ys: list[np.ndarray]) -> list[np.ndarray]:

@@ -64,11 +64,13 @@ def amplifications(spec: Spectrum, lam: float) -> tuple[np.ndarray, np.ndarray]:
             kappa = norm_k / lam
             rk = np.sqrt(np.maximum(spec.residual_sq(lam), 0.0) + lam**2 * xn**2)
             qr = kappa * (2.0 + (kappa + 1.0) * rk / (norm_k * xn))
-        else:  # the minimum-norm solution: phi = 1 / s_min, the QR's 3 kappa(A)
-            smin = float(np.min(lo[s > 0], initial=0.0))
-            phi = 1.0 / smin if smin > 0 else np.inf
+        else:  # the minimum-norm solution: phi = 1 / s_min over the values s may take, the QR's 3 kappa(A)
+            # (of A's computed s: the R factor resolves them to eps ||A||); an s whose interval reaches 0 leaves
+            # the dual form's bound infinite, the QR's finite: a switch
+            low = float(np.min(lo[s > 0], initial=np.inf))
+            phi = 1.0 / low if low > 0 else np.inf
             f = np.where(s > 0, filters(s, 0.0)[3], 0.0)
-            qr = np.full(k, 3.0 * smax / smin if smin > 0 else np.inf)
+            qr = np.full(k, 3.0 * smax / float(np.min(s[s > 0])))
         dual = smax**2 * phi * np.linalg.norm(f[:, None] * beta, axis=0) / xn
     live = (xn > 0) & np.isfinite(xn)
     return np.where(live, dual, 0.0), np.where(live, qr, 0.0)
@@ -121,11 +123,11 @@ def qr_gain(spec: Spectrum, lams: list[float], per_column: bool, kernels: tuple 
     return worst, at
 
 
-def takes_qr(ctx: Any) -> bool:
+def may_switch_to_qr(ctx: Any) -> bool:
     """Whether ``method="auto"`` may switch this wide solve to the QR route: the R factor is of the unweighted
     ``A`` (sample weights stay with the dual form, as ``method="qr"`` refuses them) and ``cv=``'s folds are fitted
     from ``A A^T`` (:mod:`blocklin.linalg.solve.kfold`)."""
     return ctx.method == "auto" and not ctx.weighted and ctx.folds is None
 
 
-__all__ = ["AUTO_DUAL_MARGIN", "amplifications", "qr_gain", "row_scaled_condition", "takes_qr"]
+__all__ = ["AUTO_DUAL_MARGIN", "amplifications", "qr_gain", "row_scaled_condition", "may_switch_to_qr"]
