@@ -413,7 +413,8 @@ def refuse_complex(matrix: Any, name: str = "a") -> None:
 def as_sparse_matrix(a: Any, storage_options: dict | None = None) -> Any:
     """``a`` as a :class:`SparseMatrix` when it names a stored sparse matrix (a path, URL or Location of
     a committed ``blocklin-csr`` group: one small read of its ``zarr.json``); a :class:`SparseMatrix`
-    and anything else unchanged."""
+    and anything else unchanged. A handle opened here is the calling operation's: its run says so when
+    it stamps it (``own_open=result is not a``, :meth:`blocklin.storage.input_guard.RunInputs.stamp`)."""
     from blocklin.storage.location import Location
     from blocklin.storage.sparse import sparse_attributes
 
@@ -425,9 +426,7 @@ def as_sparse_matrix(a: Any, storage_options: dict | None = None) -> Any:
         return a
     if sparse_attributes(loc) is None:
         return a
-    s = SparseMatrix(loc)
-    input_guard.opened_for_run(s.stamp)  # opened by the operation: its run takes the stamp as it is
-    return s
+    return SparseMatrix(loc)
 
 
 def as_sparse_operator(a: Any) -> Any:
@@ -439,9 +438,7 @@ def as_sparse_operator(a: Any) -> Any:
         from blocklin.storage.sparse import is_sparse
 
         if is_sparse(a):
-            s = SparseMatrix(a)
-            input_guard.opened_for_run(s.stamp)
-            return s.aslinearoperator()
+            return SparseMatrix(a).aslinearoperator()
     return a
 
 

@@ -251,10 +251,11 @@ class Job:
         self.operand_dtypes.add(np.dtype(op.dtype))  # the roofline's arithmetic where no report names it
         return op
 
-    def stamp_input(self, loc: Location | None, taken: dict | None = None) -> None:
+    def stamp_input(self, loc: Location | None, taken: dict | None = None, *, own_open: bool = False) -> None:
         """Stamp the stored input ``loc`` before the run first reads it (:class:`~blocklin.storage.input_guard.RunInputs`:
         one listing per input per run; ``taken``: the stamp its handle took when it opened it, before
-        the handle's first read, :func:`~blocklin.storage.input_guard.opened`): checked before the run's
+        the handle's first read, :func:`~blocklin.storage.input_guard.opened`; ``own_open``: this
+        operation opened that handle itself, :meth:`~blocklin.storage.input_guard.RunInputs.stamp`): checked before the run's
         value is returned, or at its outputs' commits. Not this run's own work (the temp dir's
         ``blocklin-*`` folders: staged copies, intermediates, temporary results) nor its outputs."""
         if loc is None:
@@ -263,7 +264,7 @@ class Job:
         if loc.url.startswith(root.url.rstrip("/") + "/blocklin-"):
             return
         try:
-            self.inputs.stamp(loc, taken)
+            self.inputs.stamp(loc, taken, own_open=own_open)
         except OSError:  # unreadable: opening it says why
             pass
 

@@ -81,18 +81,20 @@ class RunInputs:
         self._listed: dict[str, str] = {}  # ... and the stamp that check took of each
         self._written: list[str] = []  # the run's outputs (partial and final), which it rewrites itself
 
-    def stamp(self, loc: Location, taken: dict | None = None) -> None:
+    def stamp(self, loc: Location, taken: dict | None = None, *, own_open: bool = False) -> None:
         """Stamp ``loc`` unless the run already did (one listing, at its first open), or wrote it (an
         output of this run read back, by a later step of it). ``taken``: the stamp a handle took when it
         opened ``loc`` (:func:`opened`), before it read anything of it (a stored sparse matrix's
         attributes and row blocks, an operator's operand): the run's, so the reads the handle made
-        before the run are covered too."""
+        before the run are covered too. A :class:`HandleStamp` is checked first (one listing: a change
+        since the open is refused as that), unless ``own_open``: the operation running opened the
+        handle itself, for this run (a path it was passed), so its open is part of the run."""
         self._checked.discard(loc.url)
         if loc.url in self.record or loc.pending or self._wrote(loc.url):
             return
-        if taken is not None and taken.get("url") == loc.url and isinstance(taken, HandleStamp):
-            _check_handle(taken, loc)
         rec = taken if taken is not None and taken.get("url") == loc.url else stamps.stamp_inputs([loc])[0]
+        if rec is taken and isinstance(taken, HandleStamp) and not own_open:
+            rec = _check_handle(taken, loc)
         self.record[loc.url] = rec if "covers" in rec else _with_covers(loc, rec)
         self._locations[loc.url] = loc
 
@@ -167,12 +169,13 @@ def run_inputs() -> Iterator[tuple[RunInputs, bool]]:
 
 
 @contextlib.contextmanager
-def run_reading(loc: Location, taken: dict | None, result: str) -> Iterator[RunInputs]:
+def run_reading(loc: Location, taken: dict | None, result: str, *, own_open: bool = False) -> Iterator[RunInputs]:
     """A run that reads the stored input ``loc`` outside any job (a stored sparse matrix's ``norm``, an
-    operator's product): ``loc`` stamped first (``taken``: its handle's, :func:`opened`), checked before
-    ``result`` is returned unless the run is part of an outer one, whose end checks it."""
+    operator's product): ``loc`` stamped first (``taken``: its handle's, :func:`opened`; ``own_open``:
+    the handle opened by this operation, :meth:`RunInputs.stamp`), checked before ``result`` is
+    returned unless the run is part of an outer one, whose end checks it."""
     with run_inputs() as (inputs, outermost):
-        inputs.stamp(loc, taken)
+        inputs.stamp(loc, taken, own_open=own_open)
         yield inputs
         if outermost:
             inputs.check(result)
@@ -190,11 +193,11 @@ class HandleStamp(dict):
     A run that takes it lists the input again first (:meth:`RunInputs.stamp`), so that a change since
     the open, before the run, is refused at once as that ("open it again": the handle's attributes and
     row blocks are the old version's), and a change the run's last listing finds is one made during
-    the run. The one run that may take it without that listing is the run of the call that opened the
-    handle itself (a path passed to an operation; :func:`opened_for_run`): its open is part of that run.
+    the run. The one run that may take it without that listing is the run of the operation that opened
+    the handle itself (a path passed to it), which says so when it stamps it (``own_open``): its open is
+    part of that run. That is the caller's word, not the stamp's state, so a handle opened by a call
+    that ran nothing with it (a plan explained, a refusal) is checked like any other when used later.
     """
-
-    for_run = False
 
 
 def opened(loc: Location, *, covers: bool = False, handle: bool = False) -> dict | None:
@@ -211,20 +214,13 @@ def opened(loc: Location, *, covers: bool = False, handle: bool = False) -> dict
     return HandleStamp(rec) if handle else rec
 
 
-def opened_for_run(stamp: dict | None) -> None:
-    """The handle of ``stamp`` was opened by an operation for its own run (a path it was passed): that run
-    takes the stamp without listing the input again (:class:`HandleStamp`)."""
-    if isinstance(stamp, HandleStamp):
-        stamp.for_run = True
-
-
-def _check_handle(taken: HandleStamp, loc: Location) -> None:
+def _check_handle(taken: HandleStamp, loc: Location) -> dict:
     """Refuse a run through a handle whose input changed since the handle opened it, before the run
-    (rows appended aside): one listing, skipped for the run of the call that opened the handle."""
-    if taken.for_run:
-        taken.for_run = False
-        return
+    (rows appended aside): one listing. Returns the stamp the run takes: ``taken``, with the version it
+    covers where rows were appended since (found only then: a read of the group's metadata)."""
     today = stamps.stamp_inputs([loc])
+    if all(t["digest"] == taken["digest"] for t in today):
+        return taken
     covered = covered_by(loc, [taken])
     kept = [taken if t["digest"] != taken["digest"] and _only_appended(covered, loc) else t for t in today]
     what = stamps.changes([taken], kept, since="since its handle was opened, before this run")
@@ -233,6 +229,7 @@ def _check_handle(taken: HandleStamp, loc: Location) -> None:
             "inputs", "must keep the values a handle read when it opened them (its attributes and row blocks)",
             "; ".join(what), f"nothing was read through the handle: open {loc.url} again (blocklin.open, or the "
             "call that made the handle) and rerun with the new handle"))
+    return {**taken, "covers": covered} if covered is not None else taken
 
 
 def stamps_for(inputs: Iterable[Location]) -> list[dict]:
@@ -302,4 +299,4 @@ def check_unchanged(recorded: list[dict], inputs: Iterable[Location], output: st
 
 
 __all__ = ["HandleStamp", "RunInputs", "check_unchanged", "checked", "coverage", "covered_by", "opened",
-           "opened_for_run", "run_inputs", "run_reading", "stamps_for", "writes"]
+           "run_inputs", "run_reading", "stamps_for", "writes"]

@@ -279,3 +279,65 @@ def test_a_sparse_input_is_listed_once_at_its_open_and_once_before_the_value_ret
     listed.clear()
     blocklin.norm(path)
     assert listed.count(str(path)) == 2, listed
+
+
+def _opened_by(monkeypatch, module) -> list:
+    """The handles ``module``'s operations open from a path (``as_sparse_matrix``), kept for a later use."""
+    real, kept = module.as_sparse_matrix, []
+
+    def keeping(*args, **kwargs):
+        kept.append(real(*args, **kwargs))
+        return kept[-1]
+
+    monkeypatch.setattr(module, "as_sparse_matrix", keeping)
+    return kept
+
+
+@pytest.mark.parametrize("call", ["plan", "refused svd", "operator"])
+def test_a_handle_an_operation_opened_without_running_says_its_group_changed_before_a_later_run(path, monkeypatch,
+                                                                                                call):
+    """An operation that opens a path takes the handle's stamp for its own run without listing the group
+    again. That had been a flag left on the handle's stamp until a run took it: a handle opened by a call
+    that ran nothing with it (a plan explained, a call refused before its run, ``as_sparse_operator``'s
+    operator before its first product) passed its next run unchecked, and a rewrite after its open was
+    reported as made "during the run" of a later product (rerunning it could never pass). The own open
+    is now the operation's word when it stamps the handle, and a handle used later is checked as any."""
+    import blocklin.linalg.lowrank.sparse_plan as sparse_plan
+    import blocklin.linalg.lowrank.svd as svd_module
+    from blocklin.linalg.lowrank.sparse_plan import sparse_lowrank_plan
+    from blocklin.sparse import as_sparse_operator
+
+    if call == "operator":
+        op = as_sparse_operator(str(path))
+        _rewrite(path)
+        with pytest.raises(InputChangedError, match=STALE):
+            op.matvec(np.ones(N))
+        return
+    kept = _opened_by(monkeypatch, sparse_plan if call == "plan" else svd_module)
+    if call == "plan":
+        sparse_lowrank_plan(path, 2)
+    else:
+        with pytest.raises(blocklin.errors.ParameterError, match="must be an integer"):
+            blocklin.svd(path, None)
+    (held,) = kept
+    _rewrite(path)
+    with pytest.raises(InputChangedError, match=STALE):
+        blocklin.norm(held)
+
+
+def test_a_run_through_a_held_handle_reads_the_version_it_covers_once(path, monkeypatch):
+    """Cost: the version a run covers (``versions.coverage``: reads of the group's metadata, GETs on an
+    object store) is found once per run through a held handle. The check of the handle had found it too
+    where the group was unchanged since the open, and needed it only for a changed one (rows appended)."""
+    from blocklin.storage import versions
+
+    held = blocklin.open(path)
+    real, found = versions.coverage, []
+
+    def counting(loc, entries=None):
+        found.append(loc.url)
+        return real(loc, entries)
+
+    monkeypatch.setattr(versions, "coverage", counting)
+    assert blocklin.norm(held) == pytest.approx(scipy.sparse.linalg.norm(_matrix()), rel=N * EPS)
+    assert found.count(str(path)) == 1, found

@@ -147,10 +147,10 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
 
     ord = _check_ord(ord)
     _check_vector_ord(a, ord, settings.get("storage_options"))
-    a = as_sparse_matrix(a, settings.get("storage_options"))
-    if isinstance(a, SparseMatrix):  # one run, checked against the stamp of the matrix's open
-        with input_guard.run_reading(a.location, a.stamp, "the norm result"):
-            return _sparse_norm(a, ord, settings)
+    sparse = as_sparse_matrix(a, settings.get("storage_options"))
+    if isinstance(sparse, SparseMatrix):  # one run, checked against the stamp of the matrix's open (here: a path)
+        with input_guard.run_reading(sparse.location, sparse.stamp, "the norm result", own_open=sparse is not a):
+            return _sparse_norm(sparse, ord, settings)
     if ord in (2, -2, "nuc"):
         return _spectral(a, ord, settings)
     sums = entrywise(a, **settings)

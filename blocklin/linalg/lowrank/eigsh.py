@@ -185,7 +185,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         return EighResult(*sparse_eigsh(
             sparse, k, which=which, tol=tol, max_passes=max_passes, block_size=block_size, max_basis=max_basis,
             seed=resolve_seed(seed), order=order, v0=v0, check_symmetric=check_symmetric, laplacian=laplacian,
-            out=out, overwrite=overwrite, refused={"resume": resume, "center": center}, settings=settings))
+            out=out, overwrite=overwrite, refused={"resume": resume, "center": center}, settings=settings,
+            own_open=sparse is not a))
     if center:
         return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
                            max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,

@@ -436,7 +436,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
         return _of_sparse(sparse, n_components, whiten=whiten, scale=scale, resume=resume, updatable=updatable,
                           out=out, svd_kw=dict(method=method, oversample=oversample, power_iters=power_iters,
                                                n_iter=n_iter, tol=tol, seed=seed, out=out, overwrite=overwrite,
-                                               **settings))
+                                               own_open=sparse is not a, **settings))
     lab = labels_of(a)
     if n_components == 0:
         if method in ("rsvd", "lanczos", "sketch"):  # as scikit-learn's randomized and arpack solvers

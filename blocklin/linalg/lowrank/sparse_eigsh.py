@@ -49,10 +49,12 @@ from blocklin.validate import check_k, start_vector
 
 def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: int, block_size: int | None,
                  max_basis: int | None, seed: int, order: str, check_symmetric: bool, v0: Any, laplacian: str | None,
-                 out: Any, overwrite: bool, refused: dict, settings: dict) -> tuple[np.ndarray, Any, dict, Any]:
+                 out: Any, overwrite: bool, refused: dict, settings: dict,
+                 own_open: bool = False) -> tuple[np.ndarray, Any, dict, Any]:
     """``(w, V, report, output)``: ``k`` eigenpairs of the stored sparse symmetric ``s``, or of the Laplacian
     (``laplacian``) of the graph whose adjacency it is (see module notes); ``out``: a zarr group with
-    ``w``, ``V`` and the report, as the dense route writes (``output``: its Location, None without)."""
+    ``w``, ``V`` and the report, as the dense route writes (``output``: its Location, None without);
+    ``own_open``: ``s`` was opened by the caller from a path, for this run (its stamp taken unchecked)."""
     asked = [name for name, on in refused.items() if on]
     if asked:
         raise ParameterError(explain(asked[0], "is not available for a sparse matrix (its eigenpairs come from "
@@ -66,7 +68,8 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
     v0 = start_vector(v0, n)
     block, max_basis = eigsh_defaults(k, n, block_size, max_basis)
     with Job("eigsh", **settings) as job:
-        job.stamp_input(s.location, s.stamp)  # as opened, before its first read: refused if S changed since
+        # as opened, before its first read (``own_open``: opened by eigsh from a path): refused if S changed since
+        job.stamp_input(s.location, s.stamp, own_open=own_open)
         ao = None
         if out is not None:
             ao = job.output(out, inputs=[s.path], overwrite=overwrite, size=((n, k), s.dtype),

@@ -383,7 +383,8 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               center: bool = False, scale: bool = False, resume: bool = False,
               lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
               v0: Any = None, updatable: bool = False, caller: str = "svd", asked: str | None = None,
-              record: Any = None, operator_mean: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+              record: Any = None, operator_mean: Any = None, own_open: bool = False,
+              **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
     refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
@@ -393,7 +394,9 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     ``record(moments, scaled_moments)``: what the caller records of its own in the stored group's
     provenance, ``params["pca"]`` (the options a stored PCA is opened and updated with); of an operator
     (a stored sparse PCA's centered one) ``record(None, None)``, stored with ``operator_mean``, the column
-    means it centers by, as a centered SVD's ``mean``."""
+    means it centers by, as a centered SVD's ``mean``. ``own_open``: the stored sparse matrix of ``a`` (itself,
+    or the one a centered operator reads) was opened by the caller from a path, for this run (its stamp
+    taken unchecked), as one opened here is."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     which = choice("which", which, WHICH, fix="pass which='LM' (largest) or which='SM' (smallest)")
     vectors = choice("return_singular_vectors", return_singular_vectors, RETURN_VECTORS,
@@ -415,7 +418,8 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
     updatable = flag("updatable", updatable)
     requested = method
-    a = as_sparse_matrix(a, settings.get("storage_options"))  # a stored sparse group: its row-block operator
+    opened = as_sparse_matrix(a, settings.get("storage_options"))  # a stored sparse group: its row-block operator
+    own_open, a = own_open or opened is not a, opened
     if is_operator(a):
         return _returned(_of_operator(a, k, method=method, oversample=oversample, power_iters=power_iters,
                                       n_iter=n_iter, tol=tol, seed=seed, out=out, max_passes=max_passes,
@@ -426,7 +430,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                       updatable=updatable,
                                       lanczos_tol=lanczos_tol, settings=settings, signs=bool(signs),
                                       pca=record(None, None) if record is not None and out is not None else None,
-                                      mean=operator_mean), vectors)
+                                      mean=operator_mean, own_open=own_open), vectors)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         dt = float_operand(A, "svd", complex_ok=True)
@@ -501,13 +505,15 @@ def _sketch_kept(plan: SvdPlan, f: Factorization) -> dict:
 def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: Any, n_iter: Any, tol: Any,
                  seed: int | None, out: Any, max_passes: Any, block_size: Any, max_basis: Any, overwrite: bool,
                  vectors: Any, refused: dict, lanczos_tol: Any, settings: dict, pca: dict | None = None,
-                 mean: np.ndarray | None = None, signs: bool = False, updatable: bool = False) -> SVDResult:
+                 mean: np.ndarray | None = None, signs: bool = False, updatable: bool = False,
+                 own_open: bool = False) -> SVDResult:
     """The SVD of a SciPy ``LinearOperator`` (:mod:`blocklin.linalg.lowrank.operator_svd`): rsvd or block
     Lanczos through its products, the result stored as every SVD's; ``pca`` and ``mean``: a sparse PCA's
     record and the column means its operator centers by, stored beside the factors (:func:`_result`);
     ``signs``: every triplet signed by scikit-learn's rule on the components (:func:`_signed_in_group`);
     ``updatable`` (a stored sparse matrix): the co-moments of its rows kept beside the factors
-    (:mod:`blocklin.linalg.lowrank.sparse_comoments`), which :func:`blocklin.update` reads."""
+    (:mod:`blocklin.linalg.lowrank.sparse_comoments`), which :func:`blocklin.update` reads; ``own_open``:
+    its stored sparse matrix opened by this call from a path (:func:`factorize`)."""
     asked = [name for name, on in refused.items() if on]
     sparse = isinstance(op, SparseMatrix)
     if asked:  # a stored sparse matrix is the matrix itself: its fix is a dense copy
@@ -539,7 +545,7 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
     with Job("svd", **settings) as job:
         stored = stored_sparse(op)
         if stored is not None:  # as opened, before its first read: refused if S changed since
-            job.stamp_input(stored.location, stored.stamp)
+            job.stamp_input(stored.location, stored.stamp, own_open=own_open)
         if updatable:  # before the factorization is run for nothing
             check_comoments_budget(n, job.cfg.memory)
         # never onto, nor inside, S; covering the rows read (an append may commit after S was opened)

@@ -62,9 +62,11 @@ class SparseOperand(Operand):
     row_chunk: int = 1
     #: the group's stamp at the handle's open (:attr:`~blocklin.sparse.SparseMatrix.stamp`), which the run takes
     stamp: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+    #: the handle was opened by the operation itself, from a path (its run takes ``stamp`` unchecked)
+    own_open: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     @classmethod
-    def of(cls, s: SparseMatrix, name: str = "a") -> SparseOperand:
+    def of(cls, s: SparseMatrix, name: str = "a", *, own_open: bool = False) -> SparseOperand:
         from blocklin.sparse import refuse_complex
 
         refuse_complex(s, name)
@@ -72,7 +74,7 @@ class SparseOperand(Operand):
         return cls(name=name, path=s.location, shape=tuple(s.shape), dtype=np.dtype(s.dtype),
                    chunks=(max(1, int(np.diff(st.row_blocks).max(initial=1))), s.shape[1]), nnz=int(s.nnz),
                    index_dtype=np.dtype(s.index_dtype), entry_chunk=int(st.indices.chunks[0]),
-                   row_chunk=int(st.indptr.chunks[0]), stamp=s.stamp)
+                   row_chunk=int(st.indptr.chunks[0]), stamp=s.stamp, own_open=own_open)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,7 +475,7 @@ def sparse_operand(a: Any, name: str = "a", storage_options: dict | None = None)
     from blocklin.sparse import as_sparse_matrix
 
     s = as_sparse_matrix(a, storage_options)
-    return SparseOperand.of(s, name) if isinstance(s, SparseMatrix) else None
+    return SparseOperand.of(s, name, own_open=s is not a) if isinstance(s, SparseMatrix) else None
 
 
 #: Report entries recorded in the output's attributes.
@@ -534,7 +536,8 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
     times for ``S B`` and ``ceil(n / inner)`` for ``S^T B``.
     """
     with Job("matmul", **settings) as job:
-        job.stamp_input(s.path, s.stamp)  # as opened, before the plan's reads: refused if S changed since
+        # as opened, before the plan's reads: refused if S changed since
+        job.stamp_input(s.path, s.stamp, own_open=s.own_open)
         B = job.operand(b, "b" if not dense_left else "a")
         inner_trans, b_transposed = (not trans_a, not trans_dense) if dense_left else (trans_a, False)
         if dense_left:
@@ -781,7 +784,8 @@ def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwri
     (``8 rows n``), the output's write copies.
     """
     with Job("gram", **settings) as job:
-        job.stamp_input(s.path, s.stamp)  # as opened, before the plan's reads: refused if S changed since
+        # as opened, before the plan's reads: refused if S changed since
+        job.stamp_input(s.path, s.stamp, own_open=s.own_open)
         m, n = s.shape
         dt = _real_dtype([s], dtype, "gram")
         plan = plan_sparse("STS", s, n, memory=job.cfg.memory, out_item=dt.itemsize)

@@ -251,7 +251,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         _refuse_sparse_extras(lam, extras)
         return _solve_sparse(sparse, b, lam=lam, method=method, assume_a=assume_a, out=out, refine=refine,
                              overwrite=overwrite, explain=explain, fit_intercept=fit_intercept, precision=precision,
-                             resume=resume, updatable=updatable, tol=tol, max_iter=max_iter, settings=settings)
+                             resume=resume, updatable=updatable, tol=tol, max_iter=max_iter, settings=settings,
+                             own_open=sparse is not a)
     _refuse_sparse_only(method, tol, max_iter)
     _refuse_empty(a, settings.get("storage_options"))
     if is_dataarray(a) and not explain:  # labelled: x over A's columns (and b's), from the unlabelled solve
@@ -330,7 +331,8 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
         _refuse_sparse_extras(lam, {"sample_weight": sample_weight, "positive": positive})
         return _solve_sparse(sparse, b, lam=lam, method=method, assume_a="gen", out=None, refine=refine,
                              overwrite=False, explain=True, fit_intercept=fit_intercept, precision="double",
-                             resume=False, updatable=False, tol=tol, max_iter=max_iter, settings=settings)
+                             resume=False, updatable=False, tol=tol, max_iter=max_iter, settings=settings,
+                             own_open=sparse is not a)
     _refuse_sparse_only(method, tol, max_iter)
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = parse_lam(lam)
@@ -357,8 +359,9 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
 
 def _solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, method: str, assume_a: str, out: Any, refine: Any,
                   overwrite: bool, explain: bool, fit_intercept: bool, precision: Any, resume: Any, updatable: Any,
-                  tol: Any, max_iter: Any, settings: dict) -> Any:
-    """The sparse route (:mod:`~blocklin.linalg.solve.sparse_lsqr`): its refusals, then LSQR or its plan."""
+                  tol: Any, max_iter: Any, settings: dict, own_open: bool = False) -> Any:
+    """The sparse route (:mod:`~blocklin.linalg.solve.sparse_lsqr`): its refusals, then LSQR or its plan
+    (``own_open``: ``s`` opened by the caller from a path)."""
     from blocklin.linalg.solve.sparse_lsqr import refuse_sparse_options, solve_sparse
 
     kind, lams = parse_lam(lam)
@@ -366,7 +369,7 @@ def _solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, method: str, assume_a: s
                           refine=refine, kind=kind)
     return solve_sparse(s, b, lam=lam, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite,
                         explain_only=explain, fit_intercept=flag("fit_intercept", fit_intercept), tol=tol,
-                        max_iter=max_iter, settings=settings)
+                        max_iter=max_iter, settings=settings, own_open=own_open)
 
 
 def _ndim(b: Any) -> int:

@@ -490,7 +490,7 @@ def sparse_plan(s: SparseMatrix, k: int, lams: int, *, max_iter: int, intercept:
 
 def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[float], method: str, out: Any,
                  overwrite: bool, explain_only: bool, fit_intercept: bool, tol: Any, max_iter: Any,
-                 settings: dict) -> Any:
+                 settings: dict, own_open: bool = False) -> Any:
     """``x`` of ``min ||S x - b||^2 + lam^2 ||x||^2`` for a stored sparse ``S`` by LSQR, committed to
     ``out`` (a temporary store without it) with its report; the plan alone with ``explain_only``.
 
@@ -503,7 +503,8 @@ def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[flo
     max_iter = check_max_iter(max_iter, m, n)
     check_lam_max(lams, 1023)  # the bound applies to lam / 2^e with S's scale 2^e (checked again once known)
     with Job("solve", **settings) as job:
-        job.stamp_input(s.location, s.stamp)  # as opened, before its first read: refused if S changed since
+        # as opened, before its first read (``own_open``: by the caller, from a path): refused if S changed since
+        job.stamp_input(s.location, s.stamp, own_open=own_open)
         arr, B, (_, k), bdt = _rhs(job, b, m)
         plan = sparse_plan(s, k, len(lams), max_iter=max_iter, intercept=bool(fit_intercept), memory=job.cfg.memory)
         if explain_only:

@@ -244,7 +244,7 @@ def _recompute_sparse(loc: Any, params: dict, url: str, settings: dict) -> Any:
     from blocklin.sparse import as_sparse_matrix
 
     res = sparse_pca(as_sparse_matrix(url, settings.get("storage_options")), int(upd["k"]), scale=False,
-                     resume=False, updatable=True, factorize=factorize, svd_kw=kw,
+                     resume=False, updatable=True, factorize=factorize, svd_kw=dict(kw, own_open=True),
                      record=lambda *_: params["pca"])[0]
     return res
 
