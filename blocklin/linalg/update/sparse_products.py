@@ -42,7 +42,9 @@ _UNCHANGED = "(the update of {url} refused: the stored result is unchanged; scal
 def appended_rows(job: Job, g: Growth, name: str = "a") -> tuple[SparseOperand, SparseOperand]:
     """``(S, S_new)``: the stored sparse matrix of ``g`` as an operand of its ``g.rows`` rows, and the
     operand of its appended rows ``g.old_rows:g.rows`` (their entry count; what plans and resume tokens see)."""
-    s = SparseOperand.of(as_sparse_matrix(g.url, job.cfg.storage_options), name)  # the update's own open
+    s = SparseOperand.of(as_sparse_matrix(g.url, job.cfg.storage_options), name)  # the update's own open: its
+    # listing is the run's stamp of S, before the reads below and the output's claim (no second listing)
+    job.stamp_input(s.path, s.stamp, own_open=True)
     st = SparseStore(s.path)
     nnz = int(st.indptr[g.rows]) - int(st.indptr[g.old_rows])
     whole = dataclasses.replace(s, shape=(g.rows, s.shape[1]), nnz=int(st.indptr[g.rows]))
