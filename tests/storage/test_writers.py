@@ -454,3 +454,41 @@ def test_ctrl_c_right_after_a_file_export_is_renamed_still_records_it(tmp_path, 
     monkeypatch.undo()
     blocklin.convert(tmp_path / "a.npy", out, overwrite=True)  # blocklin's file: replaced
     np.testing.assert_array_equal(np.load(out), a)
+
+
+def test_ctrl_c_as_the_rename_returns_still_records_the_file(tmp_path, monkeypatch):
+    """The interrupt can land as ``os.replace`` returns, before the commit's protected part began: the
+    file was in place without its record, and its partial's owner record was left beside it. The
+    commit tells a rename that happened (the partial's inode is now the output's) and records it; a
+    rename that failed records nothing."""
+    from blocklin.storage import file_records
+
+    a = np.arange(12.0).reshape(3, 4)
+    np.save(tmp_path / "a.npy", a)
+    out = tmp_path / "o.npy"
+    rename = os.replace
+
+    def interrupted_after(src, dst):
+        rename(src, dst)
+        if os.fspath(dst) == str(out):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted_after)
+    with pytest.raises(KeyboardInterrupt):
+        blocklin.convert(tmp_path / "a.npy", out)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(np.load(out), a)
+    assert file_records.matches(out, file_records.read(out))
+    assert not [p for p in os.listdir(tmp_path) if ".partial" in p]
+
+    def failing(src, dst):
+        if os.fspath(dst) == str(tmp_path / "p.npy"):
+            raise OSError("no rename")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(OSError, match="no rename"):
+        blocklin.convert(tmp_path / "a.npy", tmp_path / "p.npy")
+    monkeypatch.undo()
+    assert not (tmp_path / "p.npy").exists() and file_records.read(tmp_path / "p.npy") is None
+    assert not [p for p in os.listdir(tmp_path) if ".partial" in p]

@@ -193,9 +193,10 @@ class AtomicFile:
     """
 
     def __init__(self, path: str | os.PathLike, *, inputs: list[str] = (), overwrite: bool = False,
-                 token: str | None = None, kind: str = "raw") -> None:
-        self.path = check_output_path(path, inputs, overwrite=overwrite, kind=kind)
+                 token: str | None = None, kind: str = "raw", name: str = "out") -> None:
+        self.path = check_output_path(path, inputs, overwrite=overwrite, kind=kind, name=name)
         self.overwrite = overwrite
+        self.name = name  # the parameter (or option) refusals name
         self.kind = kind
         self.partial = self.path.parent / f".{self.path.name}.partial-{token or uuid.uuid4().hex[:16]}"
         self.committed = False
@@ -221,7 +222,7 @@ class AtomicFile:
         run's (the same export started twice: removing its partial had let its commit publish this
         run's half-written file as the output), never what is not a partial file."""
         if os.path.islink(self.partial) or not os.path.isfile(self.partial):
-            raise OutputExistsError(explain("out", "needs its partial file's name free (a run writes there until "
+            raise OutputExistsError(explain(self.name, "needs its partial file's name free (a run writes there until "
                                             "it commits)", f"{str(self.partial)!r} exists and is not a partial file "
                                             "blocklin wrote", f"move it away (mv {shlex.quote(str(self.partial))} ...) and rerun"))
         owner = file_records.read_owner(self.partial)
@@ -237,30 +238,36 @@ class AtomicFile:
         input_guard.checked(self._stamps, today)
         if os.path.lexists(self.path):  # checked again: it may have appeared during the run
             if not self.overwrite:
-                raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
+                raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
                                                 f"{str(self.path)!r} appeared during the run",
-                                                "pass overwrite=True or choose another path"))
-            check_replaceable(self.path, self.kind)
+                                                "pass overwrite=True (CLI: --overwrite) or choose another path"))
+            check_replaceable(self.path, self.kind, self.name)
         with ownership.claim_lock(str(self.path.parent)):  # as a takeover, which replaces the partial
             if not self._owns_partial():
                 owner = file_records.read_owner(self.partial)
                 raise OutputBusyError(explain(
-                    "out", "must stay this run's output until it commits",
+                    self.name, "must stay this run's output until it commits",
                     f"{str(self.partial)!r} taken over during this run by "
                     f"{ownership.describe(owner) if owner else 'another run'}",
                     "run one export per output at a time; rerun this one once the other is done or gone"))
             file_records.let_go(self.partial)  # no beat recreates the record dropped below
-            os.replace(self.partial, self.path)
-            self.committed = True
+            written = os.stat(self.partial)
             try:
-                file_records.drop_owner(self.partial)
-            finally:  # a Ctrl-C from here on still records the file (a complete file without its
-                # record had been refused by a later overwrite, though the run said it was written)
-                try:
-                    AtomicFile._writing.discard(str(self.partial))
-                    note_written(self.path)
-                finally:
-                    file_records.write(self.path, self.kind, datasets=datasets)
+                os.replace(self.partial, self.path)
+                self.committed = True
+            finally:  # a Ctrl-C once the file is in place (as os.replace returns, too) still records it (a
+                # complete file without its record had been refused by a later overwrite, though the run
+                # said it was written); the inode tells a rename that happened from one that did not
+                if self.committed or _same_inode(self.path, written):
+                    self.committed = True
+                    try:
+                        file_records.drop_owner(self.partial)
+                    finally:
+                        try:
+                            AtomicFile._writing.discard(str(self.partial))
+                            note_written(self.path)
+                        finally:
+                            file_records.write(self.path, self.kind, datasets=datasets)
         return self.path
 
     def _owns_partial(self) -> bool:
@@ -282,6 +289,15 @@ class AtomicFile:
                 except FileNotFoundError:
                     pass
                 file_records.drop_owner(self.partial)
+
+
+def _same_inode(path: Path, st: os.stat_result) -> bool:
+    """Whether ``path`` is (not a link to) the file ``st`` was taken of."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
 
 
 def nbytes(shape: tuple[int, ...], dtype: Any) -> int:
