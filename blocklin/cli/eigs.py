@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> dict:
     rel = [float(x) / scale for x in r["residuals"]]
     summary["relative_residuals"] = rel
     if args.plot:
-        plot_spectrum(args.plot, res.w, rel, title=f"blocklin eigs ({args.which}), k={args.k}", label="|eigenvalue|")
+        plot_spectrum(args.plot, res.w, rel, title=f"blocklin eigs ({args.which}), k={args.k}", label="|eigenvalue|",
+                      overwrite=args.overwrite)
         summary["plot"] = args.plot
     stored = "U, S, Vt, mean: the centered SVD, w = S^2 / (m - 1), V = Vt^T" if args.center else "w, V"
     human = (f"wrote {args.out} ({stored}; k={args.k}, {args.which}) in {r['seconds']:.2f} s: {r['passes']} pass(es) "

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> dict:
     if r.get("method") == "lsqr":  # a sparse A
         summary.update(iterations=r["iterations"], converged=r["converged"], tol=r["tol"], nnz=r["nnz"])
     if args.plot:
-        summary["plot"] = _plot(r, args.plot)
+        summary["plot"] = _plot(r, args.plot, overwrite=args.overwrite)
     lam = r["lam"]
     lam_s = f"{lam:.3g}" if isinstance(lam, float) else ", ".join(f"{v:.3g}" for v in lam)
     if "best_score_" in r and r.get("lam_rule") == "cv":  # the k-fold choice, in RidgeCV's terms
@@ -209,7 +209,7 @@ def _explain(args: argparse.Namespace) -> dict:
     return summary
 
 
-def _plot(report: dict, path: str) -> str:
+def _plot(report: dict, path: str, *, overwrite: bool) -> str:
     """The L-curve (both branches, the chosen point marked) and the rule's curve against lambda (GCV, or the
     L-curve's curvature) with the chosen lambda marked; log axes label decades only, so labels never overlap."""
     import matplotlib
@@ -241,7 +241,7 @@ def _plot(report: dict, path: str) -> str:
     for a in (left, right):
         _decade_ticks(a)
     fig.tight_layout()
-    plot_file.save(fig, path, dpi=100)
+    plot_file.save(fig, path, overwrite=overwrite, dpi=100)
     plt.close(fig)
     return path
 

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.plot:
         plot_spectrum(args.plot, res.s, r.get("relative_residuals"),
                       title=f"blocklin svd ({r['method']}), k={len(res.s)}",
-                      label="singular value")
+                      label="singular value", overwrite=args.overwrite)
         summary["plot"] = args.plot
     worst = worst_line(r)
     stored = "U, S, Vt" + (", mean" if args.center else "") + (", scale" if args.scale else "")
@@ -142,8 +142,9 @@ def summary_of(r: dict, operation: str, k: int) -> dict:
     return out
 
 
-def plot_spectrum(path: str, values: Any, residuals: Any, *, title: str, label: str) -> None:
-    """Values (log scale) by index, with relative residuals on a second axis."""
+def plot_spectrum(path: str, values: Any, residuals: Any, *, title: str, label: str, overwrite: bool) -> None:
+    """Values (log scale) by index, with relative residuals on a second axis (``overwrite``: the run's
+    ``--overwrite``, which may replace a plot blocklin wrote)."""
     try:
         import matplotlib
 
@@ -164,5 +165,5 @@ def plot_spectrum(path: str, values: Any, residuals: Any, *, title: str, label: 
                      label="relative residual")
         ax2.set_ylabel("relative residual", color="tab:red")
     fig.tight_layout()
-    plot_file.save(fig, path, dpi=100)
+    plot_file.save(fig, path, overwrite=overwrite, dpi=100)
     plt.close(fig)

@@ -18,7 +18,8 @@ Every output of every operation and converter is checked here before anything is
   or for a file export a file blocklin wrote and nobody changed since: its record
   ``.NAME.blocklin`` (:mod:`blocklin.storage.file_records`, written by every file commit) still
   matches its size, times, device and inode, and it is still of that format (``.npy`` magic,
-  Matrix Market header, text for CSV/TSV, the zip signature for ``.npz``); or an empty file.
+  Matrix Market header, text for CSV/TSV, the zip signature for ``.npz``; a CLI ``--plot`` image,
+  whose formats have no one signature, by its record's format); or an empty file.
   Anything else (a zarr array or a file another tool wrote, blocklin's file rewritten since, a
   folder of other files, a file where a zarr folder would go, a folder where a file would go, a
   symbolic link, even to a blocklin output: the commit would replace the link, not its target) is
@@ -373,9 +374,10 @@ def check_replaceable(out: Any, kind: str = "zarr", name: str = "out") -> None:
     if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == 0:
         return  # nothing to lose
     rec = file_records.read(path)
-    if file_records.matches(path, rec):
+    if file_records.matches(path, rec) and (kind not in _RECORDED_KINDS or rec.get("format") == kind):
         return
-    what = _why_not_ours(path, label, rec)
+    what = _why_not_ours(path, label, rec) if not file_records.matches(path, rec) else \
+        f"a file blocklin wrote as {rec.get('format')}, not as a {label}"
     if kind == "hdf5":
         stem = os.path.splitext(path)[0]
         raise OutputExistsError(explain(name, rule, f"{loc.url!r}, {what}",
@@ -386,7 +388,10 @@ def check_replaceable(out: Any, kind: str = "zarr", name: str = "out") -> None:
 
 
 _LABEL = {"npy": ".npy", "npz": ".npz", "mtx": "Matrix Market", "csv": "text", "tsv": "text", "raw": "raw binary",
-          "hdf5": "HDF5"}
+          "hdf5": "HDF5", "plot": "plot"}
+#: Kinds with no signature of their own to read (a plot is any image format matplotlib writes): only a
+#: record of that kind makes the file one overwrite may replace (a .png exported as raw binary is not a plot).
+_RECORDED_KINDS = frozenset({"plot"})
 _FILE_RULE = ("overwrite replaces only a {label} file blocklin wrote and nobody changed since (its record {record} "
               "matches it) or an empty file")
 _HDF5_RULE = ("an HDF5 output goes into a new file, or into an HDF5 file blocklin created and nobody changed "
@@ -425,7 +430,7 @@ def is_format(path: str, kind: str) -> bool:
     """Whether the regular file ``path`` is a file of ``kind`` (an empty file is any kind: nothing to lose)."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
-    if not head or kind == "raw":
+    if not head or kind in ("raw", "plot"):  # a plot's format is told by its record (_RECORDED_KINDS)
         return True
     if kind == "npy":
         return head.startswith(b"\x93NUMPY")
@@ -552,8 +557,9 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
         Whether an existing output may be replaced (only what the module docstring lists may be).
     name : str
         The parameter named in errors.
-    kind : {"zarr", "npy", "npz", "mtx", "csv", "tsv", "raw", "hdf5"}
-        What is written: a zarr store (a folder or prefix) or a file of that format.
+    kind : {"zarr", "npy", "npz", "mtx", "csv", "tsv", "raw", "hdf5", "plot"}
+        What is written: a zarr store (a folder or prefix) or a file of that format (``"plot"``: the
+        CLI's ``--plot`` image).
     temp_dir : path, URL or Location, optional
         The temp dir of the job, which ``out`` may not be nor hold.
     resume : bool

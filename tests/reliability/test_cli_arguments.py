@@ -157,6 +157,73 @@ def test_plot_never_replaces_what_blocklin_did_not_write(stores, argv, capsys):
     assert not [p for p in os.listdir(stores) if ".partial" in p]
 
 
+def test_plot_recorded_when_interrupted_once_renamed(stores, monkeypatch, capsys):
+    """A Ctrl-C (or SIGTERM) landing once the plot was renamed into place, before its record was
+    written, had left a complete plot without its record: the run said nothing of it, and a later
+    ``--overwrite`` refused it as a file blocklin did not write. The record is written regardless now."""
+    from blocklin.storage import file_records
+
+    base = ["svd", str(stores / "a.zarr"), "-k", "3", "-o", str(stores / "out")]
+    png = stores / "fig.png"
+    rename = os.replace
+
+    def interrupted_after(src, dst):
+        rename(src, dst)
+        if os.fspath(dst) == str(png):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted_after)
+    assert main(base + ["--plot", str(png)]) == 130
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    monkeypatch.undo()
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    rec = file_records.read(png)
+    assert rec is not None and file_records.matches(png, rec) and rec["format"] == "plot", rec
+    assert "interrupted;" in said and f"{png} were written (complete)" in said, said
+    assert not [p for p in os.listdir(stores) if ".partial" in p]
+    assert main(base + ["--plot", str(png), "--overwrite"]) == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_replaces_only_a_file_recorded_as_a_plot(stores, capsys):
+    """An image format has no one signature to read, so the record tells a plot: a ``.png`` blocklin
+    wrote as another kind (a raw binary export) is not one ``--overwrite`` of a plot may replace."""
+    from blocklin.storage import file_records
+
+    png = stores / "fig.png"
+    png.write_bytes(b"\x89PNG raw export")
+    file_records.write(png, "raw")
+    base = ["svd", str(stores / "a.zarr"), "-k", "3", "-o", str(stores / "out"), "--plot", str(png)]
+    assert main(base + ["--overwrite"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "OutputExistsError: --plot:" in line and "blocklin wrote as raw, not as a plot" in line, line
+    assert png.read_bytes() == b"\x89PNG raw export" and not (stores / "out").exists()
+
+
+def test_plot_target_checked_again_at_save(stores, monkeypatch, capsys):
+    """A file that appears at the ``--plot`` path during the run (another program's) had been replaced by
+    the plot: the target was checked before the run only. It is checked again as the plot is renamed
+    into place (as every file output's commit does), and kept."""
+    from matplotlib.figure import Figure
+
+    base = ["svd", str(stores / "a.zarr"), "-k", "3", "-o", str(stores / "out")]
+    png = stores / "fig.png"
+    savefig = Figure.savefig
+
+    def someone_writes_first(fig, *args, **kwargs):
+        png.write_bytes(b"another program's")
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", someone_writes_first)
+    for extra in ([], ["--overwrite"]):  # (the second run replaces the first's out, which is blocklin's)
+        if png.exists():
+            png.unlink()
+        assert main(base + ["--plot", str(png), *extra]) == 1
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "OutputExistsError: --plot:" in line and "fig.png" in line and "Fix: " in line, line
+        assert png.read_bytes() == b"another program's"
+        assert not [p for p in os.listdir(stores) if ".partial" in p or p.startswith(".fig.png")]
+
+
 @pytest.mark.parametrize("argv, twice", [
     (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr", "-o", "{d}/other.zarr"], "-o/--out"),
     (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr", "--out={d}/other.zarr"], "-o/--out"),
