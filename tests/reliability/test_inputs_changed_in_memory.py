@@ -19,7 +19,7 @@ import zarr
 import blocklin
 import blocklin.device.stream as stream
 from blocklin.errors import InputChangedError
-from blocklin.storage import stamps
+from support.listings import count_listings
 
 N = 240
 MEMORY = "256KiB"  # several strips per pass
@@ -76,14 +76,7 @@ def test_value_of_an_input_rewritten_mid_run_is_refused(data, rewritten_mid_run,
 def test_an_input_is_listed_once_at_its_first_open_and_once_before_the_value_returns(data, monkeypatch):
     """Cost: one listing at the first open and one before the value is returned, per input per run
     (an operation running others inside: the outermost run's); an output's commit is that check."""
-    real, listed = stamps.stamp_inputs, []
-
-    def counting(inputs):
-        inputs = list(inputs)
-        listed.extend(i.url for i in inputs)
-        return real(inputs)
-
-    monkeypatch.setattr(stamps, "stamp_inputs", counting)
+    listed = count_listings(monkeypatch)
     a = str(data / "A.zarr")
     want = np.linalg.norm(zarr.open_array(a)[...])
     assert blocklin.norm(a, memory=MEMORY) == pytest.approx(want, rel=N * np.finfo(float).eps)

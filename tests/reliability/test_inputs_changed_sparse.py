@@ -22,8 +22,8 @@ import blocklin
 import blocklin.device.stream as stream
 from blocklin.errors import InputChangedError
 from blocklin.storage import sparse as stored_sparse
-from blocklin.storage import stamps
 from blocklin.storage.sparse import SparseWriter
+from support.listings import count_listings
 
 N = 240
 CHANGED = r"S\.zarr changed during the run "
@@ -266,14 +266,7 @@ def test_rows_appended_before_or_during_a_run_pass(path, monkeypatch):
 
 def test_a_sparse_input_is_listed_once_at_its_open_and_once_before_the_value_returns(path, monkeypatch):
     """Cost: the handle's listing when the operation opens the group, one before the value returns."""
-    real, listed = stamps.stamp_inputs, []
-
-    def counting(inputs):
-        inputs = list(inputs)
-        listed.extend(i.url for i in inputs)
-        return real(inputs)
-
-    monkeypatch.setattr(stamps, "stamp_inputs", counting)
+    listed = count_listings(monkeypatch)
     blocklin.svd(path, 2, return_singular_vectors=False, seed=0)
     assert listed.count(str(path)) == 2, listed
     listed.clear()

@@ -31,6 +31,7 @@ import scipy.sparse
 import blocklin as bl
 from blocklin.cli.main import main
 from blocklin.errors import ParameterError
+from support.listings import count_listings
 
 N, P = 30, 6
 
@@ -272,8 +273,6 @@ def test_rows_appended_after_the_matrix_was_opened_are_read_by_the_update(tmp_pa
 def test_a_sparse_update_lists_the_matrix_once_at_its_open_and_once_at_the_commit(tmp_path, monkeypatch):
     """Cost: the update opens ``S`` (one listing, its handle's) and its run takes that stamp; the commit lists
     it once more. The output's claim had taken a listing of its own, the handle's left unused."""
-    from blocklin.storage import stamps
-
     s0, b0 = _rows(200, 6, np.float64), _dense(200, 6, np.float64)
     S = tmp_path / "S.zarr"
     bl.from_sparse(s0, S)
@@ -283,14 +282,7 @@ def test_a_sparse_update_lists_the_matrix_once_at_its_open_and_once_at_the_commi
     sn, bn = _rows(40, 7, np.float64), _dense(40, 7, np.float64)
     bl.append(S, sn)
     bl.append(tmp_path / "B.zarr", bn)
-    real, listed = stamps.stamp_inputs, []
-
-    def counting(inputs):
-        inputs = list(inputs)
-        listed.extend(i.url for i in inputs)
-        return real(inputs)
-
-    monkeypatch.setattr(stamps, "stamp_inputs", counting)
+    listed = count_listings(monkeypatch)
     s, b = scipy.sparse.vstack([s0, sn]).tocsr(), np.vstack([b0, bn])
     for out, other in ((g, s), (c, b)):
         listed.clear()
