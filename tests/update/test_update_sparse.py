@@ -109,3 +109,32 @@ def test_rows_appended_after_the_matrix_was_opened_are_not_covered(tmp_path):
     assert res.report["updated"]["rows_read"] == 60
     full = scipy.sparse.vstack([x, new]).toarray()
     check_updated_factors(res, full, k=K, center=False, dtype=np.float64, u_errors=res.report["u_errors"])
+
+
+def test_update_refuses_rows_rewritten_while_it_reads_them(tmp_path, monkeypatch):
+    """The update reads the appended rows' co-moments before it claims the output; a rewrite of the group
+    during that read (another program's values) was not seen: the claim's listing, taken after the read,
+    stood for the version read. The update's run now takes the stamp of its open of ``S``, so the commit
+    refuses and the stored result is unchanged."""
+    import zarr
+
+    import blocklin.linalg.update.svd as update_svd
+    from blocklin.errors import InputChangedError
+
+    x, new = _rows(500, 1), _rows(60, 2)
+    s = bl.from_sparse(x, tmp_path / "S.zarr")
+    bl.svd(s, K, out=tmp_path / "F.zarr", updatable=True, seed=0, tol=1e-10)
+    bl.append(tmp_path / "S.zarr", new)
+    real = update_svd.sparse_comoments
+
+    def read_then_rewrite(*args, **kwargs):
+        out = real(*args, **kwargs)
+        data = zarr.open_array(str(tmp_path / "S.zarr" / "data"), mode="r+")
+        data[...] = data[...] * 7 + 1
+        return out
+
+    monkeypatch.setattr(update_svd, "sparse_comoments", read_then_rewrite)
+    with pytest.raises(InputChangedError, match=r"S\.zarr changed"):
+        bl.update(tmp_path / "F.zarr")
+    prov = json.load(open(tmp_path / "F.zarr" / "zarr.json"))["attributes"]["blocklin"]
+    assert prov["covers"][0]["shape"] == [500, N]  # the stored result is the old one

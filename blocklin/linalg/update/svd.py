@@ -185,6 +185,9 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
     sparse = is_sparse(as_location(g.url, job.cfg.storage_options, name="input"))
     if sparse:  # a stored sparse matrix: the new rows' co-moments from dense strips of them
         A = SparseMatrix(g.url, storage_options=job.cfg.storage_options)
+        # its open's stamp, before the rows are read: the output is claimed after them, and a rewrite during
+        # the read had passed as the version read
+        job.stamp_input(A.location, A.stamp, own_open=True)
         mom, cp = sparse_comoments(A, g.old_rows, g.rows, job.cfg.memory)
     else:
         A = row_range(job.operand(g.url, "a"), 0, g.rows)
