@@ -178,7 +178,7 @@ class _GramSolve:
         return self.columns if self.columns is not None else self.e
 
     def stage_b(self) -> None:
-        """``b`` with column ``j`` divided by ``2^columns[j]`` (exact) into a float64 store, one pass per column,
+        """``b`` with column ``j`` divided by ``2^columns[j]`` (exact) into a store of the solve's dtype, one pass per column,
         which the solve reads as its right-hand side (where :meth:`scale_b` set :attr:`columns`)."""
         if self.columns is None:
             return
