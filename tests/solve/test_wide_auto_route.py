@@ -234,6 +234,18 @@ def _min_norm_bound(a: np.ndarray, x_ref: np.ndarray) -> np.ndarray:
     return 3 * 2 * (M + N) * EPS64 * kappa * np.linalg.norm(x_ref, axis=0)
 
 
+def _auto_minimum_norm(a, b):
+    """``solve(a, b, lam=0)`` with ``method="auto"``, its ``x`` checked within the QR route's bound
+    (:func:`_min_norm_bound`, itself under a tenth of ``||x||``) of the mpmath minimum-norm solution."""
+    x_ref, _, _, _ = _reference(a, b, 0.0)
+    bound = _min_norm_bound(a, x_ref)
+    assert np.all(bound < 0.1 * np.linalg.norm(x_ref, axis=0))
+    x = bl.solve(a, b, lam=0.0)
+    err = np.linalg.norm(x.to_numpy() - x_ref, axis=0)
+    assert np.all(err <= bound), (err, bound)
+    return x
+
+
 @pytest.mark.parametrize("low", [-7, -4])
 def test_wide_auto_minimum_norm_takes_the_qr_route(low):
     """``lam = 0`` (the minimum-norm solution), singular values ``||A||`` to ``10^low ||A||``: the dual form squares
@@ -241,12 +253,7 @@ def test_wide_auto_minimum_norm_takes_the_qr_route(low):
     ``method="auto"`` had never switched at ``lam = 0`` (both bounds read as infinite, their ratio as 0); now it
     takes the QR route and ``x`` is within that route's bound."""
     a, b = _matrix(low=low), _rhs()
-    x_ref, _, _, _ = _reference(a, b, 0.0)
-    bound = _min_norm_bound(a, x_ref)
-    assert np.all(bound < 0.1 * np.linalg.norm(x_ref, axis=0))
-    x = bl.solve(a, b, lam=0.0)
-    err = np.linalg.norm(x.to_numpy() - x_ref, axis=0)
-    assert np.all(err <= bound), (err, bound)
+    x = _auto_minimum_norm(a, b)
     assert x.report["method"] == "qr" and "switched to the QR route" in x.report["method_reason"]
 
 
@@ -262,12 +269,7 @@ def test_wide_auto_minimum_norm_beyond_the_gram_resolution_takes_the_qr_route():
     a, b = _matrix(low=-10), _rhs()
     with pytest.raises(SingularMatrixError, match="full row rank"):
         bl.solve(a, b, lam=0.0, method="normal")
-    x_ref, _, _, _ = _reference(a, b, 0.0)
-    bound = _min_norm_bound(a, x_ref)
-    assert np.all(bound < 0.1 * np.linalg.norm(x_ref, axis=0))
-    x = bl.solve(a, b, lam=0.0)
-    err = np.linalg.norm(x.to_numpy() - x_ref, axis=0)
-    assert np.all(err <= bound), (err, bound)
+    x = _auto_minimum_norm(a, b)
     assert x.report["method"] == "qr" and "does not resolve" in x.report["method_reason"]
     deficient = a.copy()
     deficient[-1] = deficient[0] + deficient[1]
