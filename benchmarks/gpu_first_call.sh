@@ -68,6 +68,8 @@ else
   mkdir -p "$BIGDIR"
   PYTEST_ARGS="-rfE $(grep -rl 'mark.gpu' tests --include='test_*.py' | sort | tr '\n' ' ')"
   $PY -c "import pytest_timeout" 2> /dev/null && PYTEST_ARGS="--timeout 100 $PYTEST_ARGS"
+  # pyproject's addopts name pytest-xdist's --dist, which a pytest without the plugin refuses
+  $PY -c "import xdist" 2> /dev/null || PYTEST_ARGS="-o addopts=--strict-markers $PYTEST_ARGS"
   CHECKS_ARGS=""; TIMING_ARGS="--dir $SCRATCH"; SMALL=""; BIG_MEM="24GiB 48GiB"
   FEED_ARGS="--gib 1 --repeats 2 --memory 1/16,1/4 --dir $SCRATCH"
 fi
