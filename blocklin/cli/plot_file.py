@@ -16,7 +16,8 @@ import os
 from typing import Any
 
 from blocklin.storage.formats.base import AtomicFile
-from blocklin.storage.guard import check_output
+from blocklin.errors import ParameterError, explain
+from blocklin.storage.guard import check_output, relation
 
 #: The record's ``format`` of a plot (the storage layer's output kind).
 KIND = "plot"
@@ -24,11 +25,25 @@ KIND = "plot"
 OPTION = "--plot"
 
 
-def check_target(path: str, *, overwrite: bool) -> None:
+def check_target(path: str, *, overwrite: bool, outputs: tuple[str, ...] = ()) -> None:
     """Refuse, before the run, a ``--plot`` path that holds something the plot may not replace: any
     existing entry without ``overwrite``; with it, anything but a plot blocklin wrote (its record
-    matches) or an empty regular file."""
+    matches) or an empty regular file. Also one that is, holds or lies inside the command's
+    ``outputs`` (``-o x.png --plot x.png`` had written the results, then refused the plot as existing:
+    exit 1 after a complete run)."""
+    for out in outputs:
+        where = {"same": "the same path as", "inside": "inside", "contains": "holding"}.get(
+            relation(os.path.abspath(path), out if "://" in out else os.path.abspath(out)))
+        if where:
+            raise ParameterError(explain(OPTION, "must lie outside the command's output (the results are written "
+                                         "there)", f"{path!r}, {where} the output {out!r}",
+                                         f"draw it beside the output, e.g. --plot {_beside(out)}"))
     check_output(os.path.abspath(path), overwrite=overwrite, name=OPTION, kind=KIND)
+
+
+def _beside(out: str) -> str:
+    head, name = os.path.split(out.rstrip("/"))
+    return os.path.join(head, os.path.splitext(name)[0] + "-plot.png")
 
 
 def save(fig: Any, path: str, *, overwrite: bool, **kwargs: Any) -> None:

@@ -415,7 +415,8 @@ def _run_command(args: argparse.Namespace) -> int:
                 if getattr(args, "plot", None):
                     from blocklin.cli import plot_file
 
-                    plot_file.check_target(args.plot, overwrite=bool(getattr(args, "overwrite", False)))
+                    plot_file.check_target(args.plot, overwrite=bool(getattr(args, "overwrite", False)),
+                                           outputs=(str(args.out),) if getattr(args, "out", None) else ())
                 args.func(args)
             except KeyboardInterrupt as exc:
                 # still under the handlers, to the last line: another Ctrl-C while stopping (or while

@@ -124,6 +124,26 @@ def test_plot_path_checked_before_the_run(stores, argv, capsys):
     assert not (stores / "out").exists() and not (stores / "figs.png").exists() and not leftovers(stores)
 
 
+@pytest.mark.parametrize("command", ["svd", "solve"])
+def test_plot_outside_the_output_checked_before_the_run(stores, command, capsys):
+    """``-o x.png --plot x.png`` had written the results, then refused the plot as an existing file
+    (exit 1 after a complete run, the output left); ``--plot`` inside the output's store (with
+    ``--overwrite``) had been drawn into the new store. Both are refused before anything is written."""
+    base = {"svd": ["svd", str(stores / "a.zarr"), "-k", "3"],
+            "solve": ["solve", str(stores / "s.zarr"), str(stores / "b.zarr"), "--lambda", "gcv"]}[command]
+    out = stores / "x.png"
+    assert main(base + ["-o", str(out), "--plot", str(out)]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "ParameterError: --plot: must lie outside the command's output" in line and "the same path as" in line \
+        and "Fix: " in line, line
+    assert not out.exists() and not leftovers(stores)
+    (stores / "old.zarr").mkdir()
+    assert main(base + ["-o", str(stores / "old.zarr"), "--plot", str(stores / "old.zarr" / "p.png"),
+                        "--overwrite"]) == 1
+    assert "inside the output" in capsys.readouterr().err
+    assert os.listdir(stores / "old.zarr") == [] and not leftovers(stores)
+
+
 @pytest.mark.parametrize("argv", [["svd", "{d}/a.zarr", "-k", "3", "-o", "{d}/out"],
                                   ["eigs", "{d}/s.zarr", "-k", "3", "-o", "{d}/out"],
                                   ["solve", "{d}/s.zarr", "{d}/b.zarr", "-o", "{d}/out", "--lambda", "gcv"]])
