@@ -817,3 +817,18 @@ def test_numpy_svd_hermitian_is_checked_not_ignored(tmp_path, dtype):
     R = bl.from_array(rng.standard_normal((n, 20)).astype(dtype), tmp_path / "r.zarr")
     with pytest.raises(bl.errors.NotSquareError, match="^a: must be square for hermitian=True"):
         np.linalg.svd(R, full_matrices=False, hermitian=True)
+
+
+def test_spectral_norm_of_a_stored_sparse_integer_matrix(tmp_path):
+    """``norm(S, 2)`` of an integer sparse matrix (a pattern or count matrix: the sparse SVD multiplies it as
+    float64) had raised a ValueError from ``np.finfo`` of its dtype (found by a randomized search, 2026-12-07);
+    the other orders took it. Bound: the Lanczos residual tolerance ``10 sqrt(eps)``, squared over the gap,
+    as in the float64 case above (``100 eps``)."""
+    import scipy.sparse
+
+    x = np.array([[3, 0, -1, 0], [0, 2, 0, 0], [4, 0, 0, 7], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=np.int64)
+    s = bl.from_sparse(scipy.sparse.csr_matrix(x), tmp_path / "s.zarr")
+    assert s.dtype == np.int64
+    want = np.linalg.norm(x.astype(np.float64), 2)
+    assert bl.norm(s, 2) == pytest.approx(want, rel=100 * eps(np.float64))
+    assert np.linalg.norm(s, 2) == pytest.approx(want, rel=100 * eps(np.float64))

@@ -293,8 +293,10 @@ def _largest(a: Any, dtype: np.dtype, settings: dict) -> float:
     from blocklin.linalg.lowrank.svd import float64_values, svd
 
     # float32 data's products are rounded at its eps: a residual below ~100 of them is out of reach
-    # (10 sqrt(eps) of float64 alone warned on every float32 norm after 30 passes, the value right)
-    tol = max(10 * math.sqrt(float(np.finfo(np.float64).eps)), 100 * float(np.finfo(dtype).eps))
+    # (10 sqrt(eps) of float64 alone warned on every float32 norm after 30 passes, the value right);
+    # integer data is multiplied as float64 (np.finfo of a stored sparse int64 matrix had raised a ValueError)
+    tol = max(10 * math.sqrt(float(np.finfo(np.float64).eps)),
+              100 * float(np.finfo(dtype if np.dtype(dtype).kind in "fc" else np.float64).eps))
     with float64_values():
         return float(svd(a, 1, tol=tol, return_singular_vectors=False, seed=0, **settings)[0])
 
