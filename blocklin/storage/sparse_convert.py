@@ -790,9 +790,21 @@ def _external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str,
 def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
     """:func:`output_dtype`, integers never narrowed: the entries are bucketed and their duplicates
     summed in the output dtype, where a value or a sum out of its range would wrap silently (int64
-    402 became int8 -110)."""
+    402 became int8 -110). float16 and extended precision are refused: SciPy's sparse matrices hold
+    neither (a float16 group was written whose rows ``rows()`` and ``to_scipy()`` could not return), and
+    zarr has no extended precision (its ValueError had been the refusal)."""
     out = output_dtype(src, requested)
     src = np.dtype(src)
+    given = "dtype" if requested is not None else "x"
+    if out.kind in "fc" and np.finfo(out).bits > 64:
+        wide = "complex128" if out.kind == "c" else "float64"
+        raise DTypeError(explain(given, "must not be extended precision for a sparse matrix (zarr stores at most "
+                                 "float64 and complex128, and a silent cast would drop the extra digits)",
+                                 f"dtype {out.name}", f"convert it knowingly: pass dtype='{wide}'"))
+    if out == np.float16:
+        raise DTypeError(explain(given, "must be a value dtype SciPy's sparse matrices hold (float16 is not: the "
+                                 "stored matrix's rows could not be read back as scipy.sparse)", "dtype float16",
+                                 "pass dtype='float32' (it holds every float16 value exactly)"))
     if src.kind in "iu" and out.kind in "iu" and not np.can_cast(src, out, "safe"):
         raise DTypeError(explain("dtype", f"must hold every {src.name} value of a sparse matrix (a narrower integer "
                                  "would wrap values and sums of duplicate entries)", f"{src.name} -> {out.name}",

@@ -590,3 +590,19 @@ def test_duplicates_summing_beyond_the_dtype_are_refused(tmp_path, dtype):
     want = scipy.io.mmread(tmp_path / "ok.mtx").tocsr().astype(dtype)
     assert got.dtype == np.dtype(dtype) and np.array_equal(got.toarray(), want.toarray())
     assert np.isinf(got[3, 0]) and got[2, 1] == np.dtype(dtype).type(1e30) * 2
+
+
+@pytest.mark.parametrize("src, dtype, name", [(np.float64, "float16", "dtype"), (np.float32, np.float16, "dtype"),
+                                              (np.longdouble, None, "x"), (np.float64, np.longdouble, "dtype")])
+def test_value_dtypes_scipy_or_zarr_cannot_hold_are_refused(tmp_path, src, dtype, name):
+    """``dtype="float16"`` wrote a group whose ``rows()`` and ``to_scipy()`` raised SciPy's ValueError (its
+    sparse matrices hold no float16), and a ``longdouble`` matrix met zarr's ValueError ("No Zarr data type
+    found"); both are refused by name before anything is written, with the dtype that holds the values
+    (found by a randomized search, 2026-12-07)."""
+    x = scipy.sparse.csr_matrix(np.array([[1.5, 0], [0, -2.25]], dtype=src))
+    with pytest.raises(DTypeError, match=rf"^{name}: must .*(float16|extended precision).*Fix: .*dtype='float(32|64)'"):
+        blocklin.from_sparse(x, tmp_path / "h.zarr", dtype=dtype)
+    _nothing_left(tmp_path, "h.zarr")
+    fix = "float32" if np.dtype(dtype or src) == np.float16 else "float64"
+    s = blocklin.from_sparse(x, tmp_path / "ok.zarr", dtype=fix)  # the named fix holds the values exactly
+    assert s.to_scipy().dtype == np.dtype(fix) and np.array_equal(s.to_scipy().toarray(), x.toarray())
