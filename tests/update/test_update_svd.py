@@ -215,6 +215,28 @@ def test_co_moments_beyond_range_are_named(tmp_path, dtype):
         bl.svd(tmp_path / "A.zarr", 1, out=tmp_path / "S.zarr", updatable=True)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("kind", ["svd", "pca"])
+def test_co_moments_that_underflow_to_zero_are_named(tmp_path, kind, sparse):
+    """Every entry near 2^-600: the centered squares (2^-1200) underflow to exactly 0, which the bound on the
+    largest sum of squares (``0 < top < tiny / eps``) let pass, so zero co-moments were kept; after an append
+    the update read the grown matrix as having no variance (a PCA's ``explained_variance_ratio_`` NaN with a
+    warning that every column is constant; found by a randomized search, 2026-12-07). Refused as the overflow
+    is, for a dense and a stored sparse matrix; constant columns of a normal size keep their 0 co-moments."""
+    import scipy.sparse
+
+    a = np.ldexp(np.random.default_rng(0).standard_normal((40, 6)), -600)
+    A = bl.from_sparse(scipy.sparse.csr_matrix(a), tmp_path / "S.zarr") if sparse else \
+        bl.from_array(a, tmp_path / "A.zarr", chunks=(16, 6))
+    with pytest.raises(ParameterError, match=r"^updatable: .*got column sums of squares that underflowed to 0 "
+                                             r"\(column 0 holds nonzero entries.*scale A by a power of two"):
+        getattr(bl, kind)(A, 2, out=tmp_path / "F.zarr", updatable=True, seed=0)
+    assert not (tmp_path / "F.zarr").exists()
+    c = np.full((6, 3), 3.0)  # constant columns: no variance, squares in range
+    C = bl.from_sparse(scipy.sparse.csr_matrix(c), tmp_path / "C.zarr") if sparse else bl.from_array(c, tmp_path / "C.zarr")
+    bl.svd(C, 1, out=tmp_path / "G.zarr", updatable=True, seed=0)
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the overflowing merge is blocklin's to name, not NumPy's
 def test_a_refused_recompute_says_it_came_from_the_update(tmp_path):
     """Rows of 1e200 appended (their own co-moments 0, merged with the old ones inf): the update had

@@ -22,7 +22,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
-from blocklin.linalg.blocks.center import Moments, merge_comoments
+from blocklin.linalg.blocks.center import Moments, merge_comoments, nonzero_columns
 
 #: Dense float64 copies of a strip held at once: the strip, its deviations' Gram temporaries.
 _STRIP_COPIES = 3
@@ -47,15 +47,17 @@ def sparse_comoments(s: Any, r0: int, r1: int, memory: int) -> tuple[Moments, np
     per_row = _STRIP_COPIES * 8 * max(n, 1)
     step = max(1, (memory - 2 * 8 * n * n) // per_row)
     cnt, mean, c = 0, np.zeros(n), np.zeros((n, n))
+    nonzero = np.zeros(n, bool)  # a column's nonzero entries, which its moments lose where they underflow
     for a in range(r0, r1, step):
         b = min(r1, a + step)
         strip = s.rows(a, b).toarray().astype(np.float64, copy=False)
         mu = strip.mean(axis=0)
+        nonzero |= nonzero_columns(strip, mu)
         strip -= mu
         cs = strip.T @ strip
         cnt, mean, c = (b - a, mu, cs) if cnt == 0 else merge_comoments(cnt, mean, c, b - a, mu, cs)
     c = (c + c.T) / 2  # the Gram's two triangles agree to the last bit
-    return Moments(mean, np.maximum(np.diag(c), 0.0) / max(cnt, 1), cnt), c
+    return Moments(mean, np.maximum(np.diag(c), 0.0) / max(cnt, 1), cnt, nonzero), c
 
 
 __all__ = ["check_comoments_budget", "sparse_comoments"]

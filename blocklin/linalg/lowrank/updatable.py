@@ -71,8 +71,32 @@ def _wide(x: np.ndarray) -> np.dtype:
 
 
 def kept_state(moments: Any, c: np.ndarray) -> dict[str, np.ndarray]:
-    """The group arrays of co-moments made elsewhere (the Gram route's means pass): copies."""
+    """The group arrays of co-moments made elsewhere (the Gram route's means pass): copies. Refused where
+    the squares of nonzero data underflowed to 0 (:func:`_refuse_lost_squares`)."""
+    _refuse_lost_squares(moments, c)
     return {COMOMENTS: np.array(c, dtype=_wide(c)), MEAN: np.array(moments.mean, dtype=_wide(moments.mean))}
+
+
+def _refuse_lost_squares(moments: Any, c: np.ndarray) -> None:
+    """Refuse co-moments that are all 0 where a column holds nonzero entries too small for float64 to hold
+    their squares (``|mean|^2`` below ``tiny / eps``): data near ``2^-600`` have centered squares near
+    ``2^-1200``, which underflow to exactly 0, so :func:`keep_state`'s bound on the largest sum of squares
+    (``0 < top``) let them pass; an update then read the grown matrix as having no variance (a PCA's
+    ``explained_variance_ratio_`` NaN, "every column is constant"). Columns constant at a magnitude whose
+    squares float64 holds keep their 0 co-moments."""
+    top = float(np.max(np.abs(np.diag(c).real))) if c.size else 0.0
+    if top != 0.0 or not c.size:
+        return
+    mean = np.abs(np.asarray(moments.mean))
+    held = np.asarray(moments.nonzero) if getattr(moments, "nonzero", None) is not None else mean != 0
+    lost = held & (mean < np.sqrt(np.finfo(np.float64).tiny / np.finfo(np.float64).eps))
+    if lost.any():
+        j = int(np.flatnonzero(lost)[0])
+        raise ParameterError(explain(
+            "updatable", "keeps A's co-moments in float64, which must hold its squares",
+            f"column sums of squares that underflowed to 0 (column {j} holds nonzero entries, its mean "
+            f"{float(np.asarray(moments.mean)[j]):.3g})", "scale A by a power of two so that its entries sit "
+            "near 1 (exact), or pass updatable=False"))
 
 
 def keep_state(job: Any, A: Any, memory: int, made: dict | None = None) -> dict[str, np.ndarray]:
