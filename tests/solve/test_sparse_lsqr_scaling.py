@@ -124,3 +124,17 @@ def test_report_says_what_scaling_was_applied(tmp_path, ka, kb, scaled, ein):
     stored = np.ldexp((a * 2.0 ** ka).toarray(), -ka)
     ref = np.linalg.lstsq(stored, b, rcond=None)[0]
     np.testing.assert_allclose(np.ldexp(got.to_numpy(), ka - kb), ref, rtol=1e-8)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the report's norms are blocklin's to form, not NumPy's overflow
+def test_an_x_that_underflows_to_zero_reports_the_objective(tmp_path):
+    """``S`` near ``2^990`` (so ``lam`` near it) and ``b`` near ``2^-100``: ``x`` near ``2^-1090`` rounds to 0,
+    and the residual and ``x`` were in range, so the objective was ``sqrt(r^2 + lam^2 x^2)`` with ``lam^2 = inf``:
+    ``inf * 0``, NaN, reported beside ``converged=True`` (found by a randomized search, 2026-12-07). It is
+    ``||r||`` there (``x = 0``), the residual norm's bits."""
+    a, b = _problem()
+    got = _solve(tmp_path, "s", a * 2.0 ** 990, np.ldexp(b, -100), 0.3 * 2.0 ** 990)
+    assert not np.asarray(got.to_numpy()).any()  # x below float64's subnormals: 0, correctly rounded
+    assert got.report["objective"] == got.report["residual_norm"]
+    np.testing.assert_allclose(got.report["residual_norm"], np.linalg.norm(np.ldexp(b, -100), axis=0),
+                               rtol=64 * 60 * 2.2e-16)  # r = b: a 60-term sum of squares, scaled

@@ -561,7 +561,10 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
     passes += len(res.products) + 1
     L = len(lams)
     lam_col = np.repeat(np.asarray(lams, np.float64), k)
-    if _exponents(np.abs(r).max(initial=0.0)) == 0 and _exponents(np.abs(x).max(initial=0.0)) == 0:
+    # lam too: lam^2 of a lam near 2^990 (S near 2^990) is inf, and inf * 0 the NaN objective of an x that
+    # underflowed to 0 (b near 2^-100 there), with NumPy's overflow warnings
+    if _exponents(np.abs(r).max(initial=0.0)) == 0 and _exponents(np.abs(x).max(initial=0.0)) == 0 and \
+            _exponents(lam_col.max(initial=0.0)) == 0:
         r2, x2 = np.einsum("ij,ij->j", r, r), np.einsum("ij,ij->j", x, x)  # in range: sums of squares, as ever
         rr, xx, oo = (np.sqrt(np.maximum(v, 0.0)) for v in (r2, x2, r2 + lam_col ** 2 * x2))
     else:  # near 2^+-600 the squares leave float64's range: norms scaled by each column's largest entry
