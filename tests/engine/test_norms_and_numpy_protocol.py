@@ -832,3 +832,20 @@ def test_spectral_norm_of_a_stored_sparse_integer_matrix(tmp_path):
     want = np.linalg.norm(x.astype(np.float64), 2)
     assert bl.norm(s, 2) == pytest.approx(want, rel=100 * eps(np.float64))
     assert np.linalg.norm(s, 2) == pytest.approx(want, rel=100 * eps(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64])
+def test_entrywise_norms_of_a_sparse_matrix_holding_its_integer_minimum(tmp_path, dtype):
+    """``np.abs`` of a signed integer's minimum is itself (int8 ``|-128| = -128``): the sparse norms took the
+    absolute values before the cast to float64, so ``norm(S, 1)`` of a column ``[-128, -128]`` came back 1.0
+    (the other column's), ``-1`` as -256 and ``inf`` as 1.0, without a word (found by a randomized search,
+    2026-12-07). Exact: the sums of two or three integers below 2^64 are exact in float64 up to one rounding,
+    ``2 eps`` relative."""
+    import scipy.sparse
+
+    low = np.iinfo(dtype).min
+    x = np.array([[low, 0, 0], [low, 0, 0], [0, 0, 1]], dtype=dtype)
+    s = bl.from_sparse(scipy.sparse.csr_matrix(x), tmp_path / "s.zarr")
+    for ord in (None, "fro", 1, -1, np.inf, -np.inf):
+        want = np.linalg.norm(x.astype(np.float64), ord)
+        assert bl.norm(s, ord) == pytest.approx(want, rel=2 * eps(np.float64), abs=0), ord

@@ -222,7 +222,9 @@ def _sparse_norm(s: Any, ord: Any, settings: dict) -> float:
     state = _sums_init(None, {"n": n})
     for _, blk in s.iter_row_blocks():
         x = blk.data
-        a = np.abs(x).astype(np.float64, copy=False)
+        # the absolute values in float64, as sums_kernel takes them: np.abs of int8 -128 is -128, and the column
+        # and row sums of a signed integer matrix holding its dtype's minimum had come back negative or short
+        a = np.abs(x).astype(np.float64, copy=False) if x.dtype.kind == "c" else np.abs(x.astype(np.float64))
         if a.size:
             peak = float(a.max())
             if not math.isfinite(peak):  # as sums_kernel: NaN and Inf propagate as NumPy's sums do
