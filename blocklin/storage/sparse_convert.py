@@ -654,7 +654,12 @@ def check_sums_fit(vals: np.ndarray, starts: np.ndarray, sums: np.ndarray, entry
     The sums are formed in the output dtype: duplicates each within a narrower float's range (each
     checked by :func:`check_values_fit`) can sum beyond it, where SciPy's float64 sum would not. A
     finite sum is the common case: one ``isfinite`` over the sums, the summands looked at only then.
+    Integer sums wrap instead (int8 ``100 + 100`` is ``-56``, SciPy's ``sum_duplicates`` too): refused
+    alike (:func:`_check_integer_sums`), as the float sums' inf is.
     """
+    if sums.dtype.kind in "iu":
+        _check_integer_sums(vals, starts, sums, entry, r0)
+        return
     if sums.dtype.kind not in "fc" or np.isfinite(sums).all():
         return
     bad = ~np.isfinite(sums) & np.logical_and.reduceat(np.isfinite(vals), starts)  # inf or NaN from finite terms
@@ -668,6 +673,31 @@ def check_sums_fit(vals: np.ndarray, starts: np.ndarray, sums: np.ndarray, entry
                                  f"{sums[i]} in {sums.dtype.name}",
                                  "pass a wider dtype (float64, or no dtype to keep the input's), or combine "
                                  "the duplicate entries in the input"))
+
+
+def _check_integer_sums(vals: np.ndarray, starts: np.ndarray, sums: np.ndarray, entry: Any, r0: int) -> None:
+    """Refuse a sum of integer duplicate entries beyond its dtype's range (it wrapped), naming its entry.
+    The sums again in float64 (exact for the narrower integers; within a few ulps of 2^63 for 64-bit ones):
+    those that differ from the stored sums, or come within 2^62 of a 64-bit range's end, are summed exactly
+    (Python integers) and compared with the range."""
+    info = np.iinfo(sums.dtype)
+    wide = np.add.reduceat(vals.astype(np.float64), starts) if len(starts) else np.zeros(0)
+    if sums.dtype.itemsize < 8:
+        suspect = np.flatnonzero(wide != sums)
+    else:
+        suspect = np.flatnonzero((wide != sums.astype(np.float64)) | (wide > 2.0**62) | (wide < -(2.0**62)))
+    ends = np.append(starts[1:], len(vals))
+    for i in suspect:
+        exact = sum(int(v) for v in vals[starts[i]:ends[i]])
+        if info.min <= exact <= info.max:
+            continue
+        row, col = entry(int(i))
+        raise DTypeError(explain("dtype", f"must hold the sums of duplicate entries ({sums.dtype.name} values stay "
+                                 f"within {info.min}..{info.max})",
+                                 f"the duplicates at row {r0 + row}, column {col} (counted from 0) sum to {exact}, "
+                                 f"which {sums.dtype.name} wraps to {sums[i]}",
+                                 f"pass a wider dtype ({'float64' if sums.dtype.itemsize == 8 else 'int64 or float64'}"
+                                 "), or combine the duplicate entries in the input"))
 
 
 def _scratch_of(rec: np.ndarray) -> np.ndarray | None:

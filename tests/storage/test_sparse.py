@@ -606,3 +606,28 @@ def test_value_dtypes_scipy_or_zarr_cannot_hold_are_refused(tmp_path, src, dtype
     fix = "float32" if np.dtype(dtype or src) == np.float16 else "float64"
     s = blocklin.from_sparse(x, tmp_path / "ok.zarr", dtype=fix)  # the named fix holds the values exactly
     assert s.to_scipy().dtype == np.dtype(fix) and np.array_equal(s.to_scipy().toarray(), x.toarray())
+
+
+@pytest.mark.parametrize("dtype, dups, wraps", [(np.int8, [100, 100], -56), (np.int8, [-100, -29], 127),
+                                                (np.uint8, [200, 56], 0), (np.int64, [2**62, 2**62], -2**63),
+                                                (np.uint64, [2**63, 2**63], 0)])
+def test_integer_duplicates_summing_beyond_the_dtype_are_refused(tmp_path, dtype, dups, wraps):
+    """Duplicate integer entries are summed in their dtype, where a sum beyond its range wraps (SciPy's
+    ``sum_duplicates`` too: int8 ``100 + 100`` is ``-56``): it was stored so, without a word, where a float sum
+    beyond the range is refused (found by a randomized search, 2026-12-07). Refused naming the entry, the exact
+    sum and the wrapped one; sums that reach the range's ends exactly, or wrap only on the way (``100 - 100 +
+    100`` in int8), are stored as SciPy sums them."""
+    info = np.iinfo(dtype)
+    rows, cols = [1] * len(dups) + [0], [2] * len(dups) + [0]
+    x = scipy.sparse.coo_matrix((np.array(dups + [3], dtype), (rows, cols)), shape=(3, 4))
+    assert x.tocsr()[1, 2] == wraps  # SciPy's sum
+    with pytest.raises(DTypeError, match=rf"^dtype: must hold the sums of duplicate entries .*row 1, column 2 "
+                                         rf".*sum to {sum(dups)}, which {np.dtype(dtype).name} wraps to {wraps}\."):
+        blocklin.from_sparse(x, tmp_path / "w.zarr")
+    _nothing_left(tmp_path, "w.zarr")
+    edge = [info.max - 1, 1] if dups[0] > 0 else [info.min + 1, -1]
+    fits = scipy.sparse.coo_matrix((np.array(edge + ([100, -100, 100] if dtype == np.int8 else [3]), dtype),
+                                    ([1, 1] + [0] * (3 if dtype == np.int8 else 1),
+                                     [2, 2] + [0] * (3 if dtype == np.int8 else 1))), shape=(3, 4))
+    got = blocklin.from_sparse(fits, tmp_path / "ok.zarr").to_scipy()
+    assert got.dtype == dtype and np.array_equal(got.toarray(), fits.tocsr().toarray())
