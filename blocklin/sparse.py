@@ -139,6 +139,19 @@ class SparseMatrix:
         return dict(self._store.attrs.get("blocklin", {}))
 
     # -- NumPy's dispatch protocols ---------------------------------------------------------------
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """The dense matrix (:meth:`toarray`, refused beyond the memory budget), always a new array, as
+        :meth:`blocklin.Matrix.__array__`: ``np.asarray(S)`` had been a 0-d object array holding the handle
+        (``np.asarray(S).sum()`` returned ``S``, ``np.asarray(S).shape`` was ``()``). ``copy=False`` (NumPy 2's
+        "never copy") is refused with NumPy's ``ValueError``: the entries live in the group."""
+        if copy is False:
+            raise ParameterError(explain(
+                "copy", "must not be False for a blocklin.SparseMatrix (its entries are read from the group into a "
+                "new dense array; NumPy 2's copy=False promises a view)", "copy=False",
+                "pass copy=None (np.asarray(S)) for the dense array, or read CSR strips with S.rows(r0, r1)"))
+        arr = self.toarray()
+        return arr.astype(dtype, copy=False) if dtype is not None else arr
+
     def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         """``numpy.linalg.norm(S, ord)`` computed from the stored row blocks (:func:`blocklin.norm`; it had
         raised a TypeError); ``np.matmul`` and ``np.dot`` with a dense operand by :func:`blocklin.matmul`

@@ -849,3 +849,19 @@ def test_entrywise_norms_of_a_sparse_matrix_holding_its_integer_minimum(tmp_path
     for ord in (None, "fro", 1, -1, np.inf, -np.inf):
         want = np.linalg.norm(x.astype(np.float64), ord)
         assert bl.norm(s, ord) == pytest.approx(want, rel=2 * eps(np.float64), abs=0), ord
+
+
+def test_asarray_of_a_stored_sparse_matrix_is_its_dense_array(tmp_path):
+    """``np.asarray(S)`` of a ``SparseMatrix`` had been a 0-d object array holding the handle (no ``__array__``):
+    ``np.asarray(S).sum()`` returned ``S`` itself and ``.shape`` was ``()``, without an error (found by a
+    randomized search, 2026-12-07). It is the dense matrix now, as a ``Matrix``'s (exact: the stored values);
+    ``copy=False`` is refused with NumPy's ``ValueError``."""
+    import scipy.sparse
+
+    x = scipy.sparse.random(7, 5, density=0.4, random_state=2, format="csr")
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    for got in (np.asarray(s), np.array(s), np.asarray(s, dtype=np.float32)):
+        assert got.shape == (7, 5) and np.array_equal(got, x.toarray().astype(got.dtype))
+    assert np.asarray(s).sum() == pytest.approx(x.sum(), rel=8 * eps(np.float64))
+    with pytest.raises(ValueError, match=r"^copy: must not be False for a blocklin\.SparseMatrix"):
+        np.asarray(s, copy=False)
