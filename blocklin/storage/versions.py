@@ -8,10 +8,12 @@ files alone (size, times and inode locally; ETag or generation on object stores;
 rewriting any chunk changes it.
 
 Every output records, for each stored input, what it covers (``covers`` in its ``blocklin``
-attribute: URL, shape, chunks, dtype, data stamp). An update (:func:`blocklin.update`) may read
-only the rows added since if the input's history leads from the covered stamp to today's by
-appends alone (:func:`growth`); anything else (rows rewritten, columns added, chunks changed) is
-refused, naming what changed.
+attribute: URL, shape, chunks, dtype, data stamp and, for a dense array, its *layout*: a digest of
+the metadata that says how its chunk files decode, the fill value and codecs with them, which an
+append leaves and a chunk's stamp does not see; a missing chunk reads as the fill value). An update
+(:func:`blocklin.update`) may read only the rows added since if the input's history leads from the
+covered stamp to today's by appends alone (:func:`growth`); anything else (rows rewritten, columns
+added, chunks, dtype or layout changed) is refused, naming what changed.
 
 The rows of the version an output covered are rows an append never changes: an append rewrites
 the chunk band that held the last rows (its new rows share that band) with those rows' bytes
@@ -88,6 +90,16 @@ def input_history(loc: Location) -> list[dict]:
     return history({"attributes": attrs}) if attrs is not None else []
 
 
+def layout(meta: dict) -> str:
+    """A digest of the zarr v3 metadata that decides what an array's chunk files (and its missing chunks)
+    read as: all of it but its shape, which an append grows, and its attributes and dimension names,
+    which hold no values."""
+    import hashlib
+
+    kept = {k: v for k, v in meta.items() if k not in ("shape", "attributes", "dimension_names")}
+    return hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def chunk_grid(meta: dict) -> tuple[int, ...]:
     """The chunk shape of v3 metadata (regular grids)."""
     return tuple(int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"])
@@ -101,7 +113,7 @@ def coverage(loc: Location, entries: dict[str, str] | None = None) -> dict | Non
     if meta is None:
         return _sparse_coverage(loc, entries)
     return {"url": loc.url, "shape": [int(s) for s in meta["shape"]], "chunks": list(chunk_grid(meta)),
-            "dtype": str(meta.get("data_type")), "stamp": data_stamp(loc, entries)}
+            "dtype": str(meta.get("data_type")), "stamp": data_stamp(loc, entries), "layout": layout(meta)}
 
 
 def _sparse_coverage(loc: Location, entries: dict[str, str] | None) -> dict | None:
@@ -124,9 +136,10 @@ def _sparse_coverage(loc: Location, entries: dict[str, str] | None) -> dict | No
             "chunks": [int(attrs.get("entry_chunk") or 0)], "dtype": str(attrs.get("dtype")), "stamp": stamp}
 
 
-def _described(loc: Location, covered: dict) -> tuple[list[int], list[int], str, list[dict]] | None:
-    """Today's shape, chunks, dtype and history of the input at ``loc``, as ``covered`` records them (a
-    dense zarr array, or a sparse group where ``covered`` says so); None where it is neither now."""
+def _described(loc: Location, covered: dict) -> tuple[list[int], list[int], str, list[dict], str | None] | None:
+    """Today's shape, chunks, dtype, history and layout (None: a sparse group's) of the input at ``loc``,
+    as ``covered`` records them (a dense zarr array, or a sparse group where ``covered`` says so); None
+    where it is neither now."""
     if covered.get("format") == SPARSE_FORMAT:
         from blocklin.storage.sparse import sparse_attributes
 
@@ -134,11 +147,12 @@ def _described(loc: Location, covered: dict) -> tuple[list[int], list[int], str,
         if attrs is None:
             return None
         return ([int(s) for s in attrs["shape"]], [int(attrs.get("entry_chunk") or 0)], str(attrs.get("dtype")),
-                history({"attributes": attrs}))
+                history({"attributes": attrs}), None)
     meta = read_meta(loc)
     if meta is None:
         return None
-    return [int(s) for s in meta["shape"]], list(chunk_grid(meta)), str(meta.get("data_type")), history(meta)
+    return ([int(s) for s in meta["shape"]], list(chunk_grid(meta)), str(meta.get("data_type")), history(meta),
+            layout(meta))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +186,7 @@ def growth(covered: dict, loc: Location, *, name: str = "input") -> Growth:
         what = "sparse matrix (blocklin-csr group)" if covered.get("format") == SPARSE_FORMAT else "zarr v3 array"
         raise ParameterError(explain(name, f"must still be the {what} the result was computed from",
                                      f"{url!r}, which is no longer a {what}", fix))
-    shape, chunks, dtype, chain = today
+    shape, chunks, dtype, chain, kept = today
     old = covered["shape"]
     for what, then, today in (("columns", old[1], shape[1]), ("chunks", covered["chunks"], chunks),
                               ("dtype", covered["dtype"], dtype)):
@@ -180,6 +194,11 @@ def growth(covered: dict, loc: Location, *, name: str = "input") -> Growth:
             raise ParameterError(explain(name, f"may only have grown by rows since the result was computed "
                                          f"(its {what} must be unchanged)", f"{url!r}: {what} {then} then, "
                                          f"{today} now", fix))
+    if covered.get("layout", kept) != kept:  # a coverage recorded before layouts were has none to compare
+        raise ParameterError(explain(name, "may only have grown by rows since the result was computed (the "
+                                     "metadata that says how its chunks read must be unchanged)", f"{url!r}: its "
+                                     "zarr.json changed otherwise (its fill value, which missing chunks read as, "
+                                     "its codecs or its chunk key encoding)", fix))
     if shape[0] < old[0]:
         raise ParameterError(explain(name, "may only have grown by rows since the result was computed",
                                      f"{url!r}: {old[0]} rows then, {shape[0]} now", fix))
