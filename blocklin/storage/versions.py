@@ -227,4 +227,5 @@ def _stamps(version: dict) -> list[str]:
     return [version.get("stamp")] + list(version.get("aliases") or [])
 
 
-__all__ = ["Growth", "SPARSE_FORMAT", "VERSIONS_KEY", "chunk_grid", "coverage", "data_stamp", "growth", "history", "input_history", "read_meta"]
+__all__ = ["Growth", "SPARSE_FORMAT", "VERSIONS_KEY", "chunk_grid", "coverage", "data_stamp", "growth", "history",
+           "input_history", "layout", "read_meta"]

@@ -1,15 +1,16 @@
 """An input whose ``zarr.json`` alone changes the values it reads: its fill value, with a chunk not stored.
 
 A zarr array another program wrote may leave out chunks that hold only the fill value (zarr's
-``write_empty_chunks=False``): a read of them returns the fill value ``zarr.json`` names. A new fill value
-there changes the matrix without touching a chunk file, and the coverage an output records of an input
-(its data stamp: chunk files only) did not see it. So ``blocklin.update`` of ``gram(A)`` after the fill
-value changed found ``A`` current and kept the Gram matrix of the old values (off by 100 % of its norm
-from today's), and the commit's check of the inputs took the change for an append of no rows, committing
-``A @ A`` though ``A`` changed during the run. The coverage now records the input's layout (the metadata
-that says how its chunks read: dtype, fill value, codecs, grid), which an append never changes: a change
-of it is refused mid-run and by :func:`blocklin.update`. (A resumed run already started over: its check
-compares every file's stamp, ``zarr.json``'s too.)
+``write_empty_chunks=False``): a read of them returns the fill value ``zarr.json`` names. A new fill
+value there changes the matrix without touching a chunk file, and the coverage an output records of an
+input (its data stamp: chunk files only) did not see it. So ``blocklin.update`` of ``gram(A)`` after the
+fill value changed found ``A`` current and kept the Gram matrix of the old values (off by 100 % of its
+norm from today's), and the commit's check of the inputs took the change for an append of no rows:
+``gram(A)`` with the fill value changed mid-run committed a matrix of neither version (its blocks read
+before the change took the missing chunk as zeros, those after as sevens). The coverage now records the
+input's layout (the metadata that says how its chunks read: dtype, fill value, codecs, grid), which an
+append never changes: a change of it is refused mid-run and by :func:`blocklin.update`. (A resumed run
+already started over: its check compares every file's stamp, ``zarr.json``'s too.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import zarr
 
 import blocklin
-import blocklin.device.stream as stream
+import blocklin.runtime.blockops as blockops
 from blocklin.errors import InputChangedError, ParameterError
 
 N = 120
@@ -45,20 +46,22 @@ def _new_fill_value(path, value: float) -> None:
 
 
 def test_fill_value_changed_mid_run_commits_nothing(tmp_path, monkeypatch):
+    """``gram(A)`` with the fill value changed after its third block of rows: the blocks read after it
+    took the missing chunk as sevens, those before as zeros (the result committed had been 146 % off
+    the old values' Gram matrix and 100 % off the new ones', norm-wise)."""
     _with_a_missing_chunk(tmp_path / "A.zarr")
-    real, seen = stream.check_cancelled, []
+    real, seen = blockops.mark_done, []
 
-    def tick():
-        seen.append(1)
-        if len(seen) == 3:  # some tiles read the zeros already
+    def mark_then_change(done, unit):
+        seen.append(unit)
+        if len(seen) == 3:
             _new_fill_value(tmp_path / "A.zarr", 7.0)
-        real()
+        real(done, unit)
 
-    monkeypatch.setattr(stream, "check_cancelled", tick)
+    monkeypatch.setattr(blockops, "mark_done", mark_then_change)
     with pytest.raises(InputChangedError, match="A.zarr changed during the run"):
-        blocklin.matmul(tmp_path / "A.zarr", tmp_path / "A.zarr", out=tmp_path / "C.zarr", memory="256KiB",
-                        scheduler="sync")
-    assert len(seen) > 3 and not (tmp_path / "C.zarr").exists()
+        blocklin.gram(tmp_path / "A.zarr", out=tmp_path / "G.zarr", memory="128KiB", scheduler="sync")
+    assert len(seen) > 3 and not (tmp_path / "G.zarr").exists()
 
 
 def test_update_refuses_an_input_whose_fill_value_changed(tmp_path):
