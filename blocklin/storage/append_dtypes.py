@@ -29,7 +29,11 @@ def append_dtype(src: np.dtype, dt: np.dtype) -> np.dtype:
 def check_exact(src: np.ndarray, dt: np.dtype, where: Callable[[tuple], str]) -> None:
     """Integer values the float dtype ``dt`` cannot hold exactly (beyond ``2^(p+1)``: an int64 ``2^53 + 1``
     in float64, an int32 ``2^24 + 1`` in float32) are refused, naming the first (``where(index)`` of its
-    index in ``src``): they had been rounded silently (found by a randomized search)."""
+    index in ``src``): they had been rounded silently (found by a randomized search). Integers beyond an
+    integer ``dt``'s range too (sums of duplicate sparse entries, made in 64 bits, would wrap)."""
+    if src.dtype.kind in "iu" and dt.kind in "iu" and src.size:
+        _check_integer_range(src, dt, where)
+        return
     if src.dtype.kind not in "iu" or dt.kind not in "fc" or not src.size:
         return
     limit = 2 ** (np.finfo(dt).nmant + 1)
@@ -52,6 +56,23 @@ def check_exact(src: np.ndarray, dt: np.dtype, where: Callable[[tuple], str]) ->
                              f"{int(src[at])} at {where(at)}, which {dt.name} holds as "
                              f"{cast[at].real:.17g}", f"{keep}, or cast the "
                              f"rows first (rows.astype('{dt.name}')) if the rounding is intended"))
+
+
+def _check_integer_range(src: np.ndarray, dt: np.dtype, where: Callable[[tuple], str]) -> None:
+    info = np.iinfo(dt)
+    if np.iinfo(src.dtype).min >= info.min and np.iinfo(src.dtype).max <= info.max:
+        return
+    # compared as Python integers' bounds (an int64 array against uint64's max would be cast to float64)
+    out = (src > info.max) if np.iinfo(src.dtype).max > info.max else np.zeros(src.shape, bool)
+    if np.iinfo(src.dtype).min < info.min:
+        out |= src < info.min
+    if not out.any():
+        return
+    at = tuple(int(i) for i in np.argwhere(out)[0])
+    raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss (its values stay "
+                             f"within {info.min}..{info.max})", f"{int(src[at])} at {where(at)} (duplicate "
+                             "entries of the rows are summed)", "append to a matrix of a wider dtype (convert it "
+                             "with --dtype int64 or float64), or combine the entries first"))
 
 
 __all__ = ["append_dtype", "check_exact"]

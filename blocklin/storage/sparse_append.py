@@ -177,16 +177,21 @@ def _stored_rows(rows: Any, n: int, dt: np.dtype, memory: int, from_format: str 
 
 def _converted(source: Any, what: str, src_loc: Location | None, memory: int) -> _Rows:
     """``source`` (a :class:`~blocklin.storage.sparse_convert.SparseSource`) written as a group in a work
-    folder of the temp dir, in its own dtype (the cast is checked entry by entry as they are appended)."""
+    folder of the temp dir, in its own dtype (the cast is checked entry by entry as they are appended);
+    integers in their kind's 64-bit dtype, where duplicate entries are summed: int8 ``100 + 100`` had been
+    refused as wrapping in int8 (naming a ``dtype`` append does not take) where the matrix holds 200."""
     from blocklin.storage.sparse_convert import write_sparse
+
+    kind = np.dtype(source.dtype).kind
+    dtype = np.dtype(np.int64 if kind == "i" else np.uint64) if kind in "iu" else None
 
     cfg = resolve(memory=memory)
     work = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir") / f"blocklin-append-{uuid.uuid4().hex[:12]}"
     try:
         try:
             ownership.start_work_folder(work, operation="append-rows")
-            _, loc = write_sparse(source, work / "rows.zarr", memory=memory, nan="allow", operation="convert",
-                                  params={"from": "append"})
+            _, loc = write_sparse(source, work / "rows.zarr", memory=memory, dtype=dtype, nan="allow",
+                                  operation="convert", params={"from": "append"})
         finally:
             source.close()
         return _Rows(SparseStore(loc, name="rows"), what, src_loc, work)

@@ -150,6 +150,22 @@ def test_append_refuses_what_would_lose_or_mismatch(tmp_path):
     assert np.isinf(m.rows(2503, 2504).toarray()[0, 11])
 
 
+def test_integer_duplicates_summed_beyond_their_dtype(tmp_path):
+    """Integer rows' duplicate entries are summed in 64 bits, then cast to the matrix's dtype with the
+    append's check: int8 ``100 + 100`` had been refused as wrapping in int8 (its fix naming a ``dtype``
+    that append does not take) where a float32 matrix holds 200; an int8 matrix refuses the sum by name."""
+    old, path = _old(tmp_path, np.float32)
+    dup = scipy.sparse.coo_matrix((np.array([100, 100, -3], np.int8), (np.array([1, 1, 0]), np.array([2, 2, 5]))),
+                                  shape=(3, 60))
+    bl.append(path, dup)
+    _same_bits(path, scipy.sparse.vstack([old, dup.astype(np.float32)]).tocsr(), tmp_path)
+    narrow = tmp_path / "I.zarr"
+    bl.from_sparse(scipy.sparse.csr_matrix(np.eye(3, 60, dtype=np.int8)), narrow)
+    with pytest.raises(DTypeError, match=r"int8 without loss.*got 200 at row 1, column 2 of the rows"):
+        bl.append(narrow, dup)
+    assert bl.open(narrow).shape == (3, 60)
+
+
 def test_a_reader_during_the_append_sees_the_old_matrix(tmp_path, monkeypatch):
     """Between the arrays' new lengths and the group's commit, the matrix read is the old one."""
     import blocklin.storage.sparse_append as sa
