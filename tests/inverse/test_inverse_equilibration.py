@@ -168,6 +168,15 @@ def test_an_equilibrated_inverse_beyond_the_range_is_refused_by_name(settings):
         bl.inv(a, **settings)
 
 
+def test_a_subnormal_inverse_beyond_the_range_is_refused_by_name():
+    """A 2 x 2 ``A`` of subnormal entries (multiples of ``2^-1074``), not singular (``rcond`` above eps), whose
+    inverse passes ``2^1024``: LAPACK's ``rcond ||A||_inf`` underflows to 0, and the refusal's estimate
+    ``1 / (rcond ||A||_inf)`` had raised ``ZeroDivisionError``; the refusal names the range."""
+    a = np.array([[-1975.0, 471.0], [15814.0, -3773.0]]) * 2.0 ** -1074
+    with pytest.raises(ParameterError, match="must give an inverse within float64's range.*beyond float64's range"):
+        bl.inv(a)
+
+
 @pytest.mark.parametrize("p", [1, -1, np.inf, -np.inf, "fro"])
 def test_cond_of_a_graded_matrix(p):
     a, *_ = graded(64, 40, "rows")

@@ -269,9 +269,10 @@ def _singular(leaf: dict, last: bool, what: str | None = None, work_dtype: Any =
 def _beyond_range(rcond: float, anorm: float, dtype: np.dtype) -> Exception:
     """A nonsingular matrix (``rcond`` above eps) whose inverse overflowed ``dtype`` (float32 data near
     ``1e-38``: its inverse near ``1e38`` or beyond), named for the range, not as singular:
-    ``||A^-1||_inf`` is about ``1 / (rcond ||A||_inf)``, LAPACK's estimate."""
+    ``||A^-1||_inf`` is about ``1 / (rcond ||A||_inf)``, LAPACK's estimate, divided in two steps: of a subnormal
+    ``A`` the product ``rcond ||A||_inf`` underflows to 0 (the message had raised ``ZeroDivisionError``)."""
     return solution_range_error("a", dtype, what="an inverse", actual=(
-        f"||A^-1||_inf = {magnitude(1.0 / (rcond * anorm))} by LAPACK's estimate 1 / (rcond ||A||_inf), with "
+        f"||A^-1||_inf = {magnitude(1.0 / rcond / anorm)} by LAPACK's estimate 1 / (rcond ||A||_inf), with "
         f"||A||_inf = {anorm:.3g} and reciprocal condition {rcond:.1e} above eps (A is not singular): the inverse "
         "overflowed"), fix=range_fix(dtype, -int(np.frexp(anorm)[1])))
 
