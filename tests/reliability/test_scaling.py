@@ -147,6 +147,24 @@ def test_norms_and_condition_of_float32_data_near_its_range_ends(tall, e):
     assert lo <= got <= hi, (got, ref[0] / ref[-1])
 
 
+@pytest.mark.parametrize("e", [-1062, 1020])
+@pytest.mark.parametrize("memory", [IN_MEMORY, STREAM])
+def test_cond_of_float64_data_near_its_range_ends(tall, e, memory):
+    """``cond(a)`` (``p`` None, 2, -2) is a ratio of the singular values of the data as scaled to be read: of
+    subnormal data (``2^-1062`` times ``tall``) those multiplied back had been rounded to the few bits left
+    below ``2^-1022`` (``s_n`` of a matrix of condition 5e6 to 0: cond inf, without a word, in a randomized
+    search), and of data near ``2^1024`` refused (``s_1`` beyond float64). Reference: the float64 SVD of the
+    stored data times ``2^-e`` (exact); bound: Weyl, ``|ds| <= 8 m eps s_1`` for each value."""
+    a = _ldexp(tall, e)
+    ref = np.linalg.svd(_ldexp(a, -e), compute_uv=False)
+    assert np.isfinite(a).all() and np.all(ref > 0)
+    bound = 8 * 600 * eps(np.float64) * float(ref[0])
+    lo, hi = (ref[0] - bound) / (ref[-1] + bound), (ref[0] + bound) / (ref[-1] - bound)
+    for p in (None, 2, -2):
+        got = bl.cond(a, p, memory=memory)
+        assert (lo <= got <= hi) if p != -2 else (1 / hi <= got <= 1 / lo), (p, got, ref[0] / ref[-1])
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 @pytest.mark.parametrize("memory", [IN_MEMORY, STREAM])
 def test_standardized_columns_far_below_the_others(tall, dtype, memory):

@@ -324,10 +324,13 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
     over many binades), which ``inv`` equilibrates, has its condition computed (NumPy's value).
     """
     from blocklin.linalg.inverse.inverse import inv
-    from blocklin.linalg.lowrank.svd import float64_values, svd
+    from blocklin.linalg.lowrank.svd import float64_values, scaled_values, svd
 
     if p is None or (p in (2, -2) and not isinstance(p, bool)):
-        with float64_values():  # as norm's: float32's inf / inf had made the condition NaN
+        # as norm's: float32's inf / inf had made the condition NaN; the values of the data as scaled to be
+        # read (2^-e A, the same ratios): multiplied back, those of a subnormal A had been rounded (s_N to 0:
+        # cond inf for a condition of 5e6)
+        with float64_values(), scaled_values():
             s = svd(a, return_singular_vectors=False, **settings)
         with np.errstate(divide="ignore"):
             c = s[0] / s[-1] if s[-1] > 0 else np.inf

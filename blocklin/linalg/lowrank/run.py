@@ -5,6 +5,7 @@ centered or scaled ``A``), the planned method on it, the streaming QR route wher
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Any
 
@@ -207,12 +208,20 @@ def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScal
             "1 / their largest magnitude first (exact, and standardizing is unchanged by it), or drop them"))
 
 
+#: Set by :func:`blocklin.linalg.lowrank.svd.scaled_values` (for :func:`blocklin.cond`): ``s`` and the residuals
+#: stay those of ``2^-e B``, not multiplied back by ``2^e`` (``e`` in the report's ``scaling``), so that the
+#: ratios of the singular values of data near the ends of the range are those computed, not of values
+#: rounded to subnormal numbers or 0 (or refused beyond float64's range) on their way back.
+SCALED_VALUES: contextvars.ContextVar[bool] = contextvars.ContextVar("svd_scaled_values", default=False)
+
+
 def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Moments | None, *, center: bool,
                 scale: bool) -> Factorization:
     """The factors of ``B`` from those of ``2^-e B`` the method made, with the scaling's report and the
-    column moments (of ``A``, and of ``2^-e A`` when scaled), means and standard deviations."""
+    column moments (of ``A``, and of ``2^-e A`` when scaled), means and standard deviations (``s`` of
+    ``2^-e B`` within :data:`SCALED_VALUES`)."""
     e = scaling.exponent
-    if e and (not scale or _all_unscaled(moments, center=center, scale=scale)):
+    if e and not SCALED_VALUES.get() and (not scale or _all_unscaled(moments, center=center, scale=scale)):
         # the factors of 2^-e B: s and residuals scale back by 2^e, vectors are unchanged
         # (a standardized B is the same for 2^-e A: nothing to scale back)
         check_scaled_back_range("a", f.s, e, "singular values")

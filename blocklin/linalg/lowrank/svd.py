@@ -37,7 +37,7 @@ from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.spilled_ritz import StoredFactor
 from blocklin.linalg.lowrank.svd_tolerance import default_tol
-from blocklin.linalg.lowrank.run import run_planned
+from blocklin.linalg.lowrank.run import SCALED_VALUES, run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.sparse_comoments import check_comoments_budget, sparse_comoments
 from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state, kept_state
@@ -673,6 +673,18 @@ def float64_values() -> Iterator[None]:
         yield
     finally:
         FLOAT64_VALUES.reset(token)
+
+
+@contextlib.contextmanager
+def scaled_values() -> Iterator[None]:
+    """Within the block, :func:`svd` returns the singular values of its data as scaled to be read, ``2^-e A``
+    (``e``: ``report["scaling"]["exponent"]``, 0 where unscaled; :data:`~blocklin.linalg.lowrank.run.SCALED_VALUES`):
+    their ratios are exact, where ``s`` multiplied back is rounded for data near the ends of the range."""
+    token = SCALED_VALUES.set(True)
+    try:
+        yield
+    finally:
+        SCALED_VALUES.reset(token)
 
 
 def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, seed: int, oversample: int,
