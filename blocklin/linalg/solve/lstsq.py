@@ -17,8 +17,9 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, scaled_columns
+from blocklin.linalg.blocks.scaling import check_scaled_back_range, unscale
 from blocklin.linalg.labels import check_rows, is_dataarray
-from blocklin.linalg.lowrank.svd import svd
+from blocklin.linalg.lowrank.svd import scaled_values, svd
 from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
 from blocklin.linalg.solve.rcond import check_rcond, rank_cut
 from blocklin.linalg.products.gemm import product
@@ -122,9 +123,15 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         _check_range(x, x.dtype)
         return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
     a = _promoted_in_memory(a, bb)
-    U, s, Vt = res = svd(a, **settings)
+    # the singular values of 2^-ea A, the data as the SVD scaled it to be read (ea: 0 within the range): the
+    # rank and x = 2^-ea V S'^+ U^T b from them, s returned multiplied back. Those multiplied back first had
+    # been rounded for subnormal A (s near 2^-1070 to a few bits): x off by 7% at 2^-1062 (a randomized search)
+    with scaled_values():
+        U, s, Vt = res = svd(a, **settings)
     report = dict(res.report)
+    ea = int((report.get("scaling") or {}).get("exponent", 0))
     try:
+        check_scaled_back_range("a", s, ea, "singular values")
         m, n = U.shape[0], Vt.shape[1]
         if bb.shape[0] != m:
             raise ShapeError(explain("b", f"must have m = {m} rows (A is {m} x {n})", f"shape {np.asarray(b).shape}",
@@ -136,15 +143,19 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         cut = rank_cut(s, m, n, rcond, s.dtype)
         keep = s > cut
         rank = int(np.count_nonzero(keep))
-        # divided by s, never multiplied by 1 / s: 1 / s overflows for s below 2^-1024 (a subnormal A; its
-        # SVD scales it, so its s are right), and inf times U^T b returned x all NaN without an error
+        # divided by s, never multiplied by 1 / s: 1 / s had overflowed for s below 2^-1024 (a subnormal A,
+        # before its s were taken scaled), and inf times U^T b returned x all NaN without an error
         # (until 2026-12-05, found by a randomized search)
         div = np.where(keep, s, 1.0).astype(np.float64)
         passes = report.get("passes_total", report.get("passes", 0))
+        # c = U^T (2^-eb b), each column of b brought near 1 (exact): the products of a b near 2^-1060 had been
+        # rounded to subnormal numbers (x of a subnormal A and b off by 3e-4)
+        eb = np.array([max_exponent(bb[:, j]) for j in range(bb.shape[1])], dtype=np.int64)
+        bs = ldexp(bb, -eb[None, :])
         if m >= n:  # U is the stored long factor: c = U^T b in one pass over it
-            c = _product(U, bb, s.dtype, trans_a=True, settings=settings)
+            c = _product(U, bs, s.dtype, trans_a=True, settings=settings)
         else:
-            c = _dense(U).astype(np.float64).T @ bb
+            c = _dense(U).astype(np.float64).T @ bs
         # y = S^+ c as 2^e y' (y' near 1, e per column: the quotient c / s leaves the range for s near 2^1000 and
         # b near 1), x = V y' in the range, then 2^e applied once on x: x near 2^-1060 had been formed from
         # subnormal quotients, and an x below the range returned as 0 without a word
@@ -152,7 +163,7 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         es, ec = max_exponent(div[keep]), np.array([max_exponent(c[:, j]) for j in range(c.shape[1])], dtype=np.int64)
         with np.errstate(over="ignore"):  # a dropped s's 1.0 may pass the top: its c is 0
             y = ldexp(c, -ec[None, :]) / ldexp(div, -es)[:, None]
-        e = ec - es
+        e = ec + eb - es - ea
         if m >= n:
             x = _dense(Vt).astype(np.float64).T @ y
         else:  # V is the stored long factor: x = V (S^+ U^T b) in one pass over it
@@ -178,6 +189,8 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     report.update(operation="lstsq", rank=rank, rcond=cut / float(s[0]) if s.size and s[0] > 0 else cut,
                   passes_total=passes)
     x = x.astype(dtype)
+    with np.errstate(under="ignore"):  # s of subnormal A rounded as NumPy's are: the values returned
+        s = unscale(s, ea)
     # s in the real dtype of the result, as NumPy returns it (float32 a with a float64 b: float64 s)
     return LstsqResult(x[:, 0] if vector else x, residuals, rank, s.astype(np.finfo(dtype).dtype), report)
 
