@@ -55,7 +55,9 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
         b = bb.astype(C128)
         sa = Scaling.of(source(A, transposed=m < n), C128)
         if m >= n:
-            B = job.operand(b, "b")
+            # each column of b near 1 (exact): Q^H b of a b near 2^-1062 had been rounded to subnormal numbers
+            eb = column_exponents(b)
+            B = job.operand(ldexp(b, -eb[None, :]), "b")
             sr = _in_range(job, sa, lambda sc: tsqr_pass(job, A, B, C128, scale=sc), lambda out: out.r)
             u, s, zh = np.linalg.svd(sr.r, full_matrices=False)  # s of 2^-ea A
             inv, cut, rank = _truncation(s, m, n, rcond)
@@ -66,11 +68,11 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             ec, es = column_exponents(c), max_exponent(s[:1])
             with np.errstate(over="ignore"):  # a dropped s's 1.0 may pass the top: its c is 0
                 z = zh.conj().T @ (ldexp(c, -ec[None, :]) / np.where(kept, np.ldexp(s[:, None], -es), 1.0))
-            e = ec - es - sa.exponent
+            e = ec + eb - es - sa.exponent
             # NumPy's rule: residuals only for a full-rank overdetermined system; ||T e_j||^2 of the
-            # pass's residual factor (no difference of squares)
-            with np.errstate(over="ignore"):  # beyond float64's range: Inf, as NumPy's lstsq returns it
-                residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))
+            # pass's residual factor (no difference of squares), of b's columns as scaled: times 2^(2 eb)
+            with np.errstate(over="ignore", under="ignore"):  # beyond float64's range: Inf, as NumPy's
+                residuals = np.ldexp(sr.rho, eb)**2 if rank == n and m > n else np.empty((0,))
         else:
             r = _in_range(job, sa, lambda sc: _r_of_transpose(job, A, sc), lambda out: out)
             _, s, zh = np.linalg.svd(r, full_matrices=False)  # 2^-ea A^T = Q W S Z^H
@@ -91,16 +93,20 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
 def _in_range(job: Job, sa: Scaling, run: Any, r_of: Any) -> Any:
     """``run(scale)``, the pass giving the R factor (``r_of(result)``), with ``A`` divided by ``2^ea``
     (:class:`~blocklin.linalg.blocks.scaling.Scaling`, the real route's rule) where its recorded peaks
-    give the power, else unscaled and made again scaled only where its R is not finite: LAPACK's QR
-    rescales by itself, but near ``2^1022`` the norms overflowed, and its SVD of that R had failed to
-    converge. Data in range costs one pass (the real route's rerun of every pass beyond ``2^256``
+    give the power, else unscaled and made again scaled only where its R is not finite or ``max |a|`` is
+    below ``2^-970`` (subnormal data): LAPACK's QR rescales by itself, but near ``2^1022`` the norms
+    overflowed, and its SVD of that R had failed to converge. Data in range costs one pass (the real route's rerun of every pass beyond ``2^256``
     would add one where nothing overflows)."""
     take_recorded_peaks(job, [sa.source])
     if sa.path in job.amax:
         sa.learn(job)
     out = run(sa.params())
     if not sa.known:
-        if not np.isfinite(r_of(out)).all() and sa.learn(job):
+        # and where max |a| is below 2^-970, whose entries eps below it are subnormal: R of such data had been
+        # computed in the bits left there (x of A near 2^-1062 off by 3%)
+        amax = float(job.amax.get(sa.path, 0.0))
+        low = float(np.ldexp(1.0, np.finfo(np.float64).minexp + np.finfo(np.float64).nmant))
+        if (not np.isfinite(r_of(out)).all() or 0 < amax < low) and sa.learn(job):
             sa.extra_passes += 1
             return run(sa.params())
         sa.e = 0  # computed unscaled
