@@ -168,3 +168,18 @@ def test_factorizations_name_nan_or_inf_not_a_singular_matrix(bad, memory):
         want = np.linalg.det(a)
         got = bl.det(a, memory=memory, **OFF)
     assert same(got, want), (got, want)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("options", [{}, {"lam": 1.0, "fit_intercept": True}, {"lam": 1.0, "method": "qr"}])
+def test_a_wide_solve_names_nan_or_inf(bad, options):
+    """A wide ``A`` (the dual form, or the QR route of ``A^T``) holding a NaN or an Inf with ``check_finite=False``
+    is refused by name, as a tall one is: its ``A A^T`` (or ``R``) had reached NumPy's eigensolver (SVD), whose
+    ``LinAlgError: Eigenvalues did not converge`` came back instead (a randomized search)."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((8, 17))
+    a[2, 3] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's, of arithmetic on Inf before the refusal
+        with pytest.raises(NonFiniteError, match=r"a: must be finite for a least-squares or ridge solve.*Fix:"):
+            bl.solve(a, rng.standard_normal((8, 1)), **options, **OFF)

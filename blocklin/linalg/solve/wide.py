@@ -20,7 +20,7 @@ import numpy as np
 from blocklin.errors import NonFiniteError, SingularMatrixError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, refuse_flushed_rhs, scaled_columns
-from blocklin.linalg.blocks.scaling import column_exponents_for, incore_exponent
+from blocklin.linalg.blocks.scaling import column_exponents_for, incore_exponent, refuse_nonfinite
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram, without_direction
 from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x, warn_intercept
@@ -133,6 +133,11 @@ def solve_wide(ctx: TikhonovRun, x_path: str, qr_reason: str | None = None) -> d
     if job.check_finite and not np.all(np.isfinite(bm)):
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",
                                   "clean the input, or pass check_finite=False"))
+    if not job.check_finite:  # a NaN or Inf of the data in A A^T (R) or b, refused by name as the tall route's
+        # sums are (TikhonovRun.adopt): it had reached NumPy's eigensolver or SVD ("Eigenvalues did not converge")
+        for value, name in ((g, "a"), (v_shift, "a"), (r, "a"), (bm, "b")):
+            if value is not None and np.size(value):
+                refuse_nonfinite(float(np.max(np.abs(value))), "a least-squares or ridge solve", name)
     # the scaled problem: A' = 2^-ea A, b' = 2^-eb b, lam' = 2^-ea lam; y' = (A' A'^T + lam'^2 I)^-1 b'
     # and x = 2^(eb - 2 ea) A^T y': the GEMM takes A^T (2^(eb - ea) y') (sums of the size of b) times 2^-ea
     eb, amax_b = incore_exponent(bm.view(np.float64) if np.iscomplexobj(bm) else bm)  # complex: both parts
