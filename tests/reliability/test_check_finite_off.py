@@ -183,3 +183,18 @@ def test_a_wide_solve_names_nan_or_inf(bad, options):
         warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's, of arithmetic on Inf before the refusal
         with pytest.raises(NonFiniteError, match=r"a: must be finite for a least-squares or ridge solve.*Fix:"):
             bl.solve(a, rng.standard_normal((8, 1)), **options, **OFF)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("shape", [(8, 4), (4, 8)], ids=["tall", "wide"])
+def test_complex_lstsq_names_nan_or_inf(bad, shape):
+    """Complex ``lstsq`` (the streaming R factor's route) of an ``A`` holding a NaN or an Inf with
+    ``check_finite=False`` is refused by name, as the real route's SVD refuses it: its non-finite ``R`` had
+    reached NumPy's SVD, whose ``LinAlgError: SVD did not converge`` came back instead (a randomized search)."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+    a[1, 2] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's, of arithmetic on Inf before the refusal
+        with pytest.raises(NonFiniteError, match=r"a: must be finite for lstsq.*check_finite=False.*Fix:"):
+            bl.lstsq(a, rng.standard_normal(shape[0]), **OFF)

@@ -53,7 +53,9 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
                                      f"pass a right-hand side of length {m}"))
         rdt = np.result_type(A.dtype, bb.dtype, np.complex64)  # NumPy's result: complex64 stays complex64
         b = bb.astype(C128)
-        sa = Scaling.of(source(A, transposed=m < n), C128)
+        # finite_for: with check_finite=False a NaN or Inf of A, which makes R non-finite, is refused by name when
+        # the pass is judged (_in_range); it had reached NumPy's SVD of R ("SVD did not converge")
+        sa = Scaling.of(source(A, transposed=m < n), C128, finite_for="lstsq")
         if m >= n:
             # each column of b near 1 (exact): Q^H b of a b near 2^-1062 had been rounded to subnormal numbers
             eb = column_exponents(b)
