@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import NonFiniteError, SingularMatrixError
+from blocklin.errors import BudgetError, NonFiniteError, SingularMatrixError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, refuse_flushed_rhs, scaled_columns
 from blocklin.linalg.blocks.scaling import column_exponents_for, incore_exponent, refuse_nonfinite
@@ -59,10 +59,37 @@ def _wide_gram(ctx: TikhonovRun) -> dict:
         # complex data: the pass's X^H X of X = A^T is conj(A A^H)
         return {"g": g.conj() if np.iscomplexobj(g) else g, "ea": ctx.sa.exponent} | \
             ({"v": out["v"]} if "v" in out else {})
-    except BudgetError:
+    except BudgetError as err:
         if ctx.cdtype != "float64":
             raise _complex_gemm_refusal(ctx) from None
-    return _wide_gram_gemm(ctx) | {"ea": 0}
+        over = err
+    rec = _wide_gram_gemm(ctx) | {"ea": 0}
+    _check_unscaled_gram(ctx, rec["g"], over)
+    return rec
+
+
+def _check_unscaled_gram(ctx: TikhonovRun, g: np.ndarray, over: BudgetError) -> None:
+    """Refuse the GEMM fallback's ``A A^T``, formed of ``A`` as read (the SYRK pass over the budget scales it by
+    a power of two, the GEMM does not), where ``A`` is beyond the range squared without loss: ``max |a|`` below
+    ``2^-485`` (squares ``eps`` below its square subnormal) or its squares' ``n``-sums beyond float64, where it is
+    known (the writer's recorded peaks), else the largest row's square norm (``max diag A A^T``, within ``[max |a|^2, n max |a|^2]``) below ``2^-970``,
+    where the squares ``eps`` below it are subnormal, or not finite. Data near ``2^-600`` had made the Gram
+    0 and ``x = 0`` without a word (a randomized search)."""
+    amax = ctx.job.amax.get(ctx.sa.path)
+    if amax is not None and math.isfinite(amax):  # its squares eps below max |a|^2 normal, their n-sums finite
+        bad = amax > 0 and not 2.0 ** -485 <= amax < 2.0 ** 511 / math.sqrt(max(ctx.n, 1))
+        what = f"max |a| = {amax:.3g}, outside 2^-485..2^511 / sqrt(n)"
+    else:
+        d = float(np.max(np.diagonal(g))) if g.size else 0.0
+        bad = not (d >= 2.0 ** -970 and math.isfinite(d))
+        what = f"the largest row's square norm {d:.3g}, below 2^-970 or beyond the range"
+    if bad:
+        raise BudgetError(_msg(
+            "memory", "must hold the m x m sums of A A^T's SYRK pass for data beyond the range squared without "
+            "loss (that pass scales A by a power of two; the out-of-core GEMM that stands in for it over the budget "
+            "does not, and its squares underflow or overflow)", what,
+            f"raise memory= (the SYRK pass: {over}), or scale a by a power of two near 1 / max |a| (exact) and "
+            "lam with it"), minimum=over.minimum)
 
 
 def _complex_gemm_refusal(ctx: TikhonovRun) -> Exception:
