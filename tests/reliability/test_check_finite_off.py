@@ -185,6 +185,19 @@ def test_a_wide_solve_names_nan_or_inf(bad, options):
             bl.solve(a, rng.standard_normal((8, 1)), **options, **OFF)
 
 
+def test_a_wide_ridge_over_the_gram_budget_names_nan(tmp_path):
+    """The wide ridge's GEMM fallback (the SYRK pass over the budget) of a stored ``A`` holding a NaN: refused
+    as NaN, not as a budget (its range check had read the NaN diagonal as data beyond the range and said to
+    raise memory=)."""
+    t = np.random.default_rng(0).standard_normal((5, 21))
+    t[2, 3] = np.nan
+    a = bl.from_array(t, tmp_path / "t.zarr", chunks=(3, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(NonFiniteError, match=r"a: must be finite for a least-squares or ridge solve.*nan"):
+            bl.solve(a, np.ones(5), lam=1e-3, memory="2KiB", **OFF)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 @pytest.mark.parametrize("shape", [(8, 4), (4, 8)], ids=["tall", "wide"])
 def test_complex_lstsq_names_nan_or_inf(bad, shape):

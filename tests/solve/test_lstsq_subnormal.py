@@ -71,3 +71,25 @@ def test_x_of_the_stored_subnormal_data_to_float64_accuracy(shape, kind):
     r = np.linalg.norm(b0 - a0 @ ref)
     bound = 8 * max(shape) * np.finfo(np.float64).eps * kappa * (np.linalg.norm(ref) + kappa * r / sr[0])
     assert np.linalg.norm(x - ref) <= bound, (np.linalg.norm(x - ref), bound)
+
+
+def test_float32_values_beyond_its_range_refused_and_the_report_in_the_data_s_units():
+    """``s`` is taken of the data as the SVD scaled it (``2^-e A``) and multiplied back at the end: float32
+    data near ``3e38``, whose largest singular value is past float32's range, is refused by name as before
+    (it had come back ``inf``); and the report's ``sigma_max``, residuals and worst triplet are of ``A``, not
+    of ``2^-e A`` (float32 data near ``1e10`` had reported ``sigma_max`` 1.4 beside ``s[0]`` 5.4e10)."""
+    a = np.array([[3e38, 3e38], [3e38, -1e38], [1e38, 2e38]], np.float32)
+    with pytest.raises(ParameterError, match="singular values within the range of float32"):
+        bl.lstsq(a, np.array([1, 2, 3], np.float32))
+    a = (np.random.default_rng(0).standard_normal((20, 4)) * 1e10).astype(np.float32)
+    res = bl.lstsq(a, np.ones(20, np.float32))
+    ref = np.linalg.svd(a.astype(np.float64), compute_uv=False)
+    # s of float32 data: Weyl, |s_i - s_i'| <= ||E||_2 with ||E||_2 <= c sqrt(mn) eps32 ||A||_2, c = 8
+    tol = 8 * np.sqrt(80) * np.finfo(np.float32).eps * ref[0]
+    assert abs(res.report["sigma_max"] - ref[0]) <= tol and abs(float(res[3][0]) - ref[0]) <= tol
+    w = res.report["worst_triplet"]
+    assert abs(w["s"] - ref[w["index"] - 1]) <= tol
+    # the same SVD as bl.svd's, whose report multiplies back by the same power of two (exact): equal bits
+    svd = bl.svd(a).report
+    assert res.report["sigma_max"] == svd["sigma_max"] and res.report["residuals"] == svd["residuals"]
+    assert res.report["worst_triplet"] == svd["worst_triplet"]

@@ -62,6 +62,7 @@ class Factorization:
     scaled_moments: tuple[Moments, int] | None = None  # (moments of 2^-e A, e) when the data was scaled
     note: dict | None = None  # lanczos: why converged triplets may be wrong (lanczos.full_block_cluster)
     remeasured: int | None = None  # triplets whose residual one more pass over a streamed A measured (remeasured)
+    values_exponent: int = 0  # within svd.scaled_values: the power of two s and residuals were not multiplied by
 
 
 def ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) -> np.ndarray:

@@ -221,7 +221,9 @@ def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Mo
     column moments (of ``A``, and of ``2^-e A`` when scaled), means and standard deviations (``s`` of
     ``2^-e B`` within :data:`SCALED_VALUES`)."""
     e = scaling.exponent
-    if e and not SCALED_VALUES.get() and (not scale or _all_unscaled(moments, center=center, scale=scale)):
+    if e and SCALED_VALUES.get() and (not scale or _all_unscaled(moments, center=center, scale=scale)):
+        f = dataclasses.replace(f, values_exponent=e)  # s kept of 2^-e B; the report says them multiplied back
+    elif e and (not scale or _all_unscaled(moments, center=center, scale=scale)):
         # the factors of 2^-e B: s and residuals scale back by 2^e, vectors are unchanged
         # (a standardized B is the same for 2^-e A: nothing to scale back)
         check_scaled_back_range("a", f.s, e, "singular values")

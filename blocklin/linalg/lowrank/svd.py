@@ -702,6 +702,8 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
         # (without one every triplet had read as converged, relative residuals of 0.07 included)
         tol = default_tol(plan.dtype)
     triplets = triplet_report(s, f.residuals, tol, plan.dtype)
+    if f.values_exponent:  # scaled_values: judged on the scaled values (same ratios), reported multiplied back
+        s1, triplets = _multiplied_back(s1 if s.size and s[0] > 0 else None, triplets, f.values_exponent)
     # converged only for residuals actually measured: the single-pass sketch has none (None, with its note)
     converged = None if f.residuals is None else all(triplets["converged_triplets"] or [True])
     if f.note:  # converged residuals, values that may still be wrong: said, never reported as converged
@@ -740,6 +742,20 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     elif (center or scale) and not plan.in_core:
         report["passes_formula"] = f"{report['passes_formula']} + 1 (column means)"
     return report
+
+
+def _multiplied_back(s1: float | None, triplets: dict, e: int) -> tuple[float, dict]:
+    """``sigma_max`` and the triplets' absolute fields (residuals, the worst triplet's ``s``) of ``2^-e B``
+    times ``2^e``, as the report says them without :func:`scaled_values` (beyond float64's range: inf; the
+    caller judges the values it returns)."""
+    with np.errstate(over="ignore", under="ignore"):
+        back = (lambda x: float(np.ldexp(x, e)))  # noqa: E731
+        out = dict(triplets)
+        if out.get("residuals") is not None:
+            out["residuals"] = [back(r) for r in out["residuals"]]
+        if out.get("worst_triplet"):
+            out["worst_triplet"] = dict(out["worst_triplet"], s=back(out["worst_triplet"]["s"]))
+        return (back(s1) if s1 is not None else 1.0), out
 
 
 def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, report: dict, ao: Any,

@@ -17,7 +17,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
 from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, scaled_columns
-from blocklin.linalg.blocks.scaling import check_scaled_back_range, unscale
+from blocklin.linalg.blocks.scaling import check_result_range, check_scaled_back_range, unscale
 from blocklin.linalg.labels import check_rows, is_dataarray
 from blocklin.linalg.lowrank.svd import scaled_values, svd
 from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
@@ -132,6 +132,8 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     ea = int((report.get("scaling") or {}).get("exponent", 0))
     try:
         check_scaled_back_range("a", s, ea, "singular values")
+        with np.errstate(over="ignore", under="ignore"):  # the values returned: in s's dtype (float32's range)
+            check_result_range("a", np.ldexp(s.astype(np.float64), ea), s.dtype, "singular values")
         m, n = U.shape[0], Vt.shape[1]
         if bb.shape[0] != m:
             raise ShapeError(explain("b", f"must have m = {m} rows (A is {m} x {n})", f"shape {np.asarray(b).shape}",

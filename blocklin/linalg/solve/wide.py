@@ -76,6 +76,11 @@ def _check_unscaled_gram(ctx: TikhonovRun, g: np.ndarray, over: BudgetError) -> 
     where the squares ``eps`` below it are subnormal, or not finite. Data near ``2^-600`` had made the Gram
     0 and ``x = 0`` without a word (a randomized search)."""
     amax = ctx.job.amax.get(ctx.sa.path)
+    # NaN or Inf in A (check_finite=False) named as such, not as a budget: an amax of NaN or Inf, or a NaN
+    # diagonal (sums of squares: NaN only from a NaN entry; an Inf one may be finite data's overflow)
+    refuse_nonfinite(amax, "a least-squares or ridge solve", "a")
+    if g.size and np.isnan(np.diagonal(g)).any():
+        refuse_nonfinite(float("nan"), "a least-squares or ridge solve", "a")
     if amax is not None and math.isfinite(amax):  # its squares eps below max |a|^2 normal, their n-sums finite
         bad = amax > 0 and not 2.0 ** -485 <= amax < 2.0 ** 511 / math.sqrt(max(ctx.n, 1))
         what = f"max |a| = {amax:.3g}, outside 2^-485..2^511 / sqrt(n)"
