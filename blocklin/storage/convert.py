@@ -476,7 +476,7 @@ def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, 
         params.update(group=source.group, sparse_format=source.format, convention=source.convention)
     try:
         report, _final = write_sparse(source, out, memory=memory, dtype=dtype, overwrite=overwrite, nan=nan,
-                                      progress=progress, inputs=[path], params=params)
+                                      progress=progress, inputs=[path], params=params, source_name="src")
     finally:
         source.close()
     report.update({"input": str(src), "from": source.kind, "to": "zarr"})

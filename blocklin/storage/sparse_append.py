@@ -184,6 +184,8 @@ def _converted(source: Any, what: str, src_loc: Location | None, memory: int) ->
 
     kind = np.dtype(source.dtype).kind
     dtype = np.dtype(np.int64 if kind == "i" else np.uint64) if kind in "iu" else None
+    if np.dtype(source.dtype) == np.float16:  # no sparse group holds float16: float32 holds each value exactly
+        dtype = np.dtype(np.float32)
 
     cfg = resolve(memory=memory)
     work = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir") / f"blocklin-append-{uuid.uuid4().hex[:12]}"
@@ -191,7 +193,7 @@ def _converted(source: Any, what: str, src_loc: Location | None, memory: int) ->
         try:
             ownership.start_work_folder(work, operation="append-rows")
             _, loc = write_sparse(source, work / "rows.zarr", memory=memory, dtype=dtype, nan="allow",
-                                  operation="convert", params={"from": "append"})
+                                  operation="convert", params={"from": "append"}, source_name="rows")
         finally:
             source.close()
         return _Rows(SparseStore(loc, name="rows"), what, src_loc, work)

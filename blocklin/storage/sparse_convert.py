@@ -817,24 +817,27 @@ def _external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str,
 
 # -- drivers ---------------------------------------------------------------------------------------
 
-def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
+def _value_dtype(src: np.dtype, requested: Any, source_name: str = "x") -> np.dtype:
     """:func:`output_dtype`, integers never narrowed: the entries are bucketed and their duplicates
     summed in the output dtype, where a value or a sum out of its range would wrap silently (int64
     402 became int8 -110). float16 and extended precision are refused: SciPy's sparse matrices hold
     neither (a float16 group was written whose rows ``rows()`` and ``to_scipy()`` could not return), and
-    zarr has no extended precision (its ValueError had been the refusal)."""
+    zarr has no extended precision (its ValueError had been the refusal). ``source_name``: the caller's
+    name of the matrix (``x``, convert's ``src``), named where no ``dtype`` was requested."""
     out = output_dtype(src, requested)
     src = np.dtype(src)
-    given = "dtype" if requested is not None else "x"
+    given = "dtype" if requested is not None else source_name
     if out.kind in "fc" and np.finfo(out).bits > 64:
         wide = "complex128" if out.kind == "c" else "float64"
         raise DTypeError(explain(given, "must not be extended precision for a sparse matrix (zarr stores at most "
                                  "float64 and complex128, and a silent cast would drop the extra digits)",
-                                 f"dtype {out.name}", f"convert it knowingly: pass dtype='{wide}'"))
+                                 f"dtype {out.name}", f"convert it knowingly: pass dtype='{wide}' (CLI: --dtype "
+                                 f"{wide})"))
     if out == np.float16:
         raise DTypeError(explain(given, "must be a value dtype SciPy's sparse matrices hold (float16 is not: the "
                                  "stored matrix's rows could not be read back as scipy.sparse)", "dtype float16",
-                                 "pass dtype='float32' (it holds every float16 value exactly)"))
+                                 "pass dtype='float32' (CLI: --dtype float32; it holds every float16 value "
+                                 "exactly)"))
     if src.kind in "iu" and out.kind in "iu" and not np.can_cast(src, out, "safe"):
         raise DTypeError(explain("dtype", f"must hold every {src.name} value of a sparse matrix (a narrower integer "
                                  "would wrap values and sums of duplicate entries)", f"{src.name} -> {out.name}",
@@ -860,9 +863,10 @@ def check_values_fit(v: np.ndarray, out: np.dtype, where: Any) -> None:
 
 def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None, overwrite: bool = False,
                  nan: str = "allow", progress: Any = None, inputs: list = (), operation: str = "convert",
-                 params: dict | None = None) -> tuple[dict, Any]:
+                 params: dict | None = None, source_name: str = "x") -> tuple[dict, Any]:
     """Write ``source`` (a :class:`SparseSource`: Matrix Market, ``.npz``, HDF5 or in memory) as a
-    ``blocklin-csr`` group at ``out`` within the budget. Returns ``(report, committed location)``."""
+    ``blocklin-csr`` group at ``out`` within the budget. Returns ``(report, committed location)``.
+    ``source_name``: the caller's name of the matrix, in refusals of its dtype."""
     from blocklin._memory import check_budget, peak_rss
     from blocklin.storage.ownership import end_work_folder, start_work_folder
     from blocklin.storage.space import check_space
@@ -870,7 +874,7 @@ def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None
     t0 = time.perf_counter()
     cfg = resolve(memory=memory)
     check_budget(cfg.memory)
-    out_dt = _value_dtype(source.dtype, dtype)
+    out_dt = _value_dtype(source.dtype, dtype, source_name)
     m, n = source.shape
     source.fit_budget(cfg.memory)
     plan = plan_sort((m, n), source.entries, out_dt, cfg.memory, batch_entries=source.batch_entries,

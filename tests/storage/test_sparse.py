@@ -606,6 +606,11 @@ def test_value_dtypes_scipy_or_zarr_cannot_hold_are_refused(tmp_path, src, dtype
     fix = "float32" if np.dtype(dtype or src) == np.float16 else "float64"
     s = blocklin.from_sparse(x, tmp_path / "ok.zarr", dtype=fix)  # the named fix holds the values exactly
     assert s.to_scipy().dtype == np.dtype(fix) and np.array_equal(s.to_scipy().toarray(), x.toarray())
+    if name == "x":  # convert's name of its input is src (and the CLI's flag --dtype)
+        scipy.sparse.save_npz(tmp_path / "x.npz", x)
+        with pytest.raises(DTypeError, match=r"^src: must not be extended precision.*--dtype float64"):
+            blocklin.convert(tmp_path / "x.npz", tmp_path / "c.zarr")
+        _nothing_left(tmp_path, "c.zarr")
 
 
 @pytest.mark.parametrize("dtype, dups, wraps", [(np.int8, [100, 100], -56), (np.int8, [-100, -29], 127),
