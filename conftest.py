@@ -55,8 +55,6 @@ _saved_env: dict[str, str | None] = {}
 _SESSION_TEMP = pytest.StashKey[Path]()
 _SYSTEM_TEMP = pytest.StashKey[tuple]()
 _SYSTEM_NEW = pytest.StashKey[tuple]()
-#: new system temp entries the pytest-xdist workers saw (the controller's session reports them)
-_WORKERS_SYSTEM_NEW: list[str] = []
 
 
 def _blocklin_entries(folder: Path) -> set[str]:
@@ -122,9 +120,9 @@ def pytest_sessionfinish(session, exitstatus):
     # A document's examples run shell commands whose children may outlive them under load; what they
     # leave in the document's own folder (removed with it) is reported, not failed, until it is traced.
     workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # a pytest-xdist worker: the controller reports and fails the run
+    if workeroutput is not None:  # a pytest-xdist worker: the controller reports and fails the run (its
+        # system temp dir is the controller's session folder, inherited: the controller checks the real one)
         workeroutput["blocklin_leftovers"] = list(LEFTOVERS)
-        workeroutput["blocklin_system_new"] = session.config.stash[_SYSTEM_NEW][1]
         return
     if any(not where.startswith("examples of ") for where, _path, _kind in LEFTOVERS) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -135,7 +133,6 @@ def pytest_testnodedown(node, error):
     """pytest-xdist's controller: take what a worker's session recorded (its exit status is not the run's)."""
     output = getattr(node, "workeroutput", None) or {}
     LEFTOVERS.extend(tuple(item) for item in output.get("blocklin_leftovers", ()))
-    _WORKERS_SYSTEM_NEW.extend(output.get("blocklin_system_new", ()))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -145,7 +142,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for where, path, kind in LEFTOVERS:
             terminalreporter.line(f"  {where}: {kind} {path}")
     system, new = config.stash.get(_SYSTEM_NEW, (None, []))
-    new = sorted({*new, *_WORKERS_SYSTEM_NEW})
     if new:  # another process on the machine may have made them: a warning, not a failure
         terminalreporter.section("blocklin entries new in the system temp dir", sep="-", yellow=True)
         terminalreporter.line(f"{len(new)} new blocklin-* entries in {system} during the session "
