@@ -682,11 +682,12 @@ def _check_integer_sums(vals: np.ndarray, starts: np.ndarray, sums: np.ndarray, 
     (Python integers) and compared with the range."""
     info = np.iinfo(sums.dtype)
     wide = np.add.reduceat(vals.astype(np.float64), starts) if len(starts) else np.zeros(0)
+    ends = np.append(starts[1:], len(vals))
     if sums.dtype.itemsize < 8:
         suspect = np.flatnonzero(wide != sums)
-    else:
-        suspect = np.flatnonzero((wide != sums.astype(np.float64)) | (wide > 2.0**62) | (wide < -(2.0**62)))
-    ends = np.append(starts[1:], len(vals))
+    else:  # only sums of two or more entries may wrap (int64 keys or hashes near 2^63 stay single)
+        suspect = np.flatnonzero(((wide != sums.astype(np.float64)) | (wide > 2.0**62) | (wide < -(2.0**62)))
+                                 & (ends - starts > 1))
     for i in suspect:
         exact = sum(int(v) for v in vals[starts[i]:ends[i]])
         if info.min <= exact <= info.max:

@@ -107,7 +107,7 @@ def _in_range(job: Job, sa: Scaling, run: Any, r_of: Any) -> Any:
         # and where max |a| is below 2^-970, whose entries eps below it are subnormal: R of such data had been
         # computed in the bits left there (x of A near 2^-1062 off by 3%)
         amax = float(job.amax.get(sa.path, 0.0))
-        low = float(np.ldexp(1.0, np.finfo(np.float64).minexp + np.finfo(np.float64).nmant))
+        low = 2.0 ** -970  # tiny / 2^-52 is 2^-970: entries eps below max |a| are subnormal
         if (not np.isfinite(r_of(out)).all() or 0 < amax < low) and sa.learn(job):
             sa.extra_passes += 1
             return run(sa.params())
