@@ -176,6 +176,8 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
         # reach, and removed with it (on failure and Ctrl-C too).
         store_dask(x.rechunk(chunks), d, client)
         path, staged = d, True
+    elif _is_sparse_handle(x):  # its __array__ (np.asarray(S)) is for users; a dense route never densifies it
+        raise _unsupported(x, name)
     elif isinstance(x, np.ndarray) or hasattr(x, "__array__") or isinstance(x, (list, tuple)):
         path, arr, staged = _stage_numpy(in_memory_array(x, name), name, cfg, stack)
     else:
@@ -195,12 +197,16 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
 SPARSE_ROUTES = "svd, pca, eigsh, solve (LSQR), gram, norm and matmul with one dense operand"
 
 
+def _is_sparse_handle(x: Any) -> bool:
+    return type(x).__name__ == "SparseMatrix" and type(x).__module__ == "blocklin.sparse"
+
+
 def _unsupported(x: Any, name: str) -> ParameterError:
     """The refusal of an input this operation cannot read as a dense operand; for a sparse matrix it names
     the operations that take one (the generic fix, a NumPy array or a zarr path, had sent a stored sparse
     matrix's user to a path that was refused too)."""
     what = "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array"
-    if type(x).__name__ == "SparseMatrix" and type(x).__module__ == "blocklin.sparse":
+    if _is_sparse_handle(x):
         return ParameterError(explain(
             name, f"{what}: this operation reads dense blocks, and a stored sparse matrix is taken by {SPARSE_ROUTES} "
             "only", f"a SparseMatrix ({x.shape[0]} x {x.shape[1]}, {x.nnz} entries)", "use one of those, or write "
