@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 
 from blocklin.errors import ParameterError, explain
@@ -94,8 +95,6 @@ def layout(meta: dict) -> str:
     """A digest of the zarr v3 metadata that decides what an array's chunk files (and its missing chunks)
     read as: all of it but its shape, which an append grows, and its attributes and dimension names,
     which hold no values."""
-    import hashlib
-
     kept = {k: v for k, v in meta.items() if k not in ("shape", "attributes", "dimension_names")}
     return hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 

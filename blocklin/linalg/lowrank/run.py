@@ -208,10 +208,11 @@ def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScal
             "1 / their largest magnitude first (exact, and standardizing is unchanged by it), or drop them"))
 
 
-#: Set by :func:`blocklin.linalg.lowrank.svd.scaled_values` (for :func:`blocklin.cond`): ``s`` and the residuals
-#: stay those of ``2^-e B``, not multiplied back by ``2^e`` (``e`` in the report's ``scaling``), so that the
-#: ratios of the singular values of data near the ends of the range are those computed, not of values
-#: rounded to subnormal numbers or 0 (or refused beyond float64's range) on their way back.
+#: Set by :func:`blocklin.linalg.lowrank.svd.scaled_values` (for :func:`blocklin.cond` and
+#: :func:`blocklin.lstsq`): ``s`` and the residuals stay those of ``2^-e B``, not multiplied back by
+#: ``2^e`` (``e`` in the report's ``scaling``), so that the ratios of the singular values of data near
+#: the ends of the range are those computed, not of values rounded to subnormal numbers or 0 (or refused
+#: beyond float64's range) on their way back.
 SCALED_VALUES: contextvars.ContextVar[bool] = contextvars.ContextVar("svd_scaled_values", default=False)
 
 

@@ -28,7 +28,7 @@ from blocklin.config import Settings
 from blocklin.errors import ConvergenceWarning, ParameterError, explain, warn
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.results import open_group, write_group
-from blocklin.linalg.blocks.scaling import check_finite_result, check_result_range
+from blocklin.linalg.blocks.scaling import check_finite_result, check_result_range, unscale_float
 from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
@@ -748,14 +748,12 @@ def _multiplied_back(s1: float | None, triplets: dict, e: int) -> tuple[float, d
     """``sigma_max`` and the triplets' absolute fields (residuals, the worst triplet's ``s``) of ``2^-e B``
     times ``2^e``, as the report says them without :func:`scaled_values` (beyond float64's range: inf; the
     caller judges the values it returns)."""
-    with np.errstate(over="ignore", under="ignore"):
-        back = (lambda x: float(np.ldexp(x, e)))  # noqa: E731
-        out = dict(triplets)
-        if out.get("residuals") is not None:
-            out["residuals"] = [back(r) for r in out["residuals"]]
-        if out.get("worst_triplet"):
-            out["worst_triplet"] = dict(out["worst_triplet"], s=back(out["worst_triplet"]["s"]))
-        return (back(s1) if s1 is not None else 1.0), out
+    out = dict(triplets)
+    if out.get("residuals") is not None:
+        out["residuals"] = [unscale_float(r, e) for r in out["residuals"]]
+    if out.get("worst_triplet"):
+        out["worst_triplet"] = dict(out["worst_triplet"], s=unscale_float(out["worst_triplet"]["s"], e))
+    return (unscale_float(s1, e) if s1 is not None else 1.0), out
 
 
 def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, report: dict, ao: Any,
